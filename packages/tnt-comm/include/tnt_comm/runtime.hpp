@@ -1,0 +1,72 @@
+// The one runtime of a process: identity, rendezvous store, links to every peer, progress engine.
+// It is the only global mutable state of tnt-comm.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tnt_comm/group.hpp"
+
+namespace tnt {
+
+class Fabric;
+class Engine;
+class Channel;
+
+// What a rank learns from the launcher (the environment contract in DESIGN.md).
+struct Identity {
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;
+  int local_size = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;
+  std::string job_id = "local";
+  std::string token;
+  std::string transport = "auto";  // auto | shm | tcp
+  double timeout_s = 300.0;
+
+  // Reads TNT_* variables; without TNT_SIZE (or with TNT_SIZE=1) describes a single rank.
+  static Identity from_environment();
+};
+
+class Runtime {
+ public:
+  // Initialises the runtime from the environment on first call; later calls return it.
+  static Runtime& init();
+  static Runtime& init(const Identity& identity);
+  // The runtime if initialised, else nullptr.
+  static Runtime* get();
+  // Waits for outstanding work, says goodbye to peers and tears everything down.
+  static void finalize();
+
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  const Identity& identity() const { return identity_; }
+  int rank() const { return identity_.rank; }
+  int size() const { return identity_.size; }
+  Group& world() { return *world_; }
+  // A sub-group; every member must create it (creation itself does not communicate).
+  std::shared_ptr<Group> new_group(std::vector<int> world_ranks);
+  // Transport used towards each world rank ("self", "shm" or "tcp").
+  std::vector<std::string> transports() const;
+
+  Fabric& fabric() { return *fabric_; }
+  Engine& engine() { return *engine_; }
+  Channel* channel(int world_rank) { return channels_[static_cast<std::size_t>(world_rank)].get(); }
+
+ private:
+  explicit Runtime(const Identity& identity);
+
+  Identity identity_;
+  std::unique_ptr<Fabric> fabric_;
+  std::vector<std::unique_ptr<Channel>> channels_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<Group> world_;
+};
+
+}  // namespace tnt

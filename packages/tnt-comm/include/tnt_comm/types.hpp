@@ -1,0 +1,64 @@
+// Element types, reduction operators and the error classes shared by every part of tnt-comm.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace tnt {
+
+// Values are part of the C ABI (c_api.h): never renumber.
+enum class DType : std::int32_t {
+  float16 = 0,
+  bfloat16 = 1,
+  float32 = 2,
+  float64 = 3,
+  int32 = 4,
+  int64 = 5,
+  uint8 = 6,
+};
+
+enum class ReduceOp : std::int32_t { sum = 0, prod = 1, min = 2, max = 3, avg = 4 };
+
+std::size_t dtype_size(DType dtype);
+const char* dtype_name(DType dtype);
+const char* op_name(ReduceOp op);
+bool is_valid(DType dtype);
+bool is_valid(ReduceOp op);
+
+// Base of every error the library raises.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Ranks called different collectives at the same point (kind, dtype, op, count, root or order).
+class CollectiveMismatch : public Error {
+ public:
+  using Error::Error;
+};
+
+// A peer process died or closed its connection; the runtime cannot be used any more.
+class PeerFailure : public Error {
+ public:
+  PeerFailure(int rank, const std::string& what) : Error(what), rank_(rank) {}
+  int rank() const { return rank_; }
+
+ private:
+  int rank_;
+};
+
+// No progress was possible for TNT_TIMEOUT_S seconds (or a wait's own timeout ran out).
+class Timeout : public Error {
+ public:
+  using Error::Error;
+};
+
+// Bad arguments: wrong dtype, sizes, ranks.
+class InvalidArgument : public Error {
+ public:
+  using Error::Error;
+};
+
+}  // namespace tnt

@@ -1,0 +1,273 @@
+// The private extension module behind `tnt_comm`: a thin binding of the C++ API. Buffers arrive as
+// addresses already checked by the Python layer (tnt_comm/__init__.py); every wait releases the GIL.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <optional>
+
+#include "tnt_comm/c_api.h"
+#include "tnt_comm/tnt_comm.hpp"
+
+namespace py = pybind11;
+using tnt::DType;
+using tnt::ReduceOp;
+
+namespace {
+
+struct View {
+  void* ptr;
+  std::size_t count;
+  DType dtype;
+};
+
+DType dtype_of(const py::array& a, const char* name) {
+  switch (a.dtype().num()) {
+    case py::detail::npy_api::NPY_FLOAT_: return DType::float32;
+    case py::detail::npy_api::NPY_DOUBLE_: return DType::float64;
+    case py::detail::npy_api::NPY_UBYTE_: return DType::uint8;
+    default: break;
+  }
+  // Integer and half types have platform-dependent numbers: go by kind and size.
+  const char kind = a.dtype().kind();
+  const auto size = a.dtype().itemsize();
+  if (kind == 'i' && size == 4) return DType::int32;
+  if (kind == 'i' && size == 8) return DType::int64;
+  if (kind == 'f' && size == 2) return DType::float16;
+  if (size == 2 && py::str(a.dtype().attr("name")).cast<std::string>() == "bfloat16") {
+    return DType::bfloat16;
+  }
+  throw py::type_error(std::string(name) + " has dtype " +
+                       py::str(a.dtype().attr("name")).cast<std::string>() +
+                       ", which tnt_comm does not support; use float16, bfloat16, float32, "
+                       "float64, int32, int64 or uint8 (convert with .astype(...))");
+}
+
+View view(const py::array& a, const char* name, bool writable) {
+  if (!(a.flags() & py::array::c_style)) {
+    throw py::value_error(std::string(name) +
+                          " must be C-contiguous; pass np.ascontiguousarray(" + name + ")");
+  }
+  if (writable && !a.writeable()) {
+    throw py::value_error(std::string(name) + " is read-only; pass a writable array");
+  }
+  DType d = dtype_of(a, name);
+  return View{const_cast<void*>(a.data()), static_cast<std::size_t>(a.size()), d};
+}
+
+void same_layout(const View& in, const View& out, std::size_t count, const char* name) {
+  if (out.dtype != in.dtype) {
+    throw py::type_error(std::string(name) + " has dtype " + tnt::dtype_name(out.dtype) +
+                         " but the input has " + tnt::dtype_name(in.dtype));
+  }
+  if (out.count != count) {
+    throw py::value_error(std::string(name) + " has " + std::to_string(out.count) +
+                          " elements but " + std::to_string(count) + " are needed");
+  }
+}
+
+tnt::Group& group_or_world(tnt::Group* g) { return g != nullptr ? *g : tnt::Runtime::init().world(); }
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "tnt-comm native core (private; use the tnt_comm package)";
+
+  static py::exception<tnt::Error> base(m, "TntError", PyExc_RuntimeError);
+  static py::exception<tnt::CollectiveMismatch> mismatch(m, "CollectiveMismatch", base.ptr());
+  static py::exception<tnt::PeerFailure> peer_failure(m, "PeerFailure", base.ptr());
+  static py::exception<tnt::InvalidArgument> invalid(m, "InvalidArgument", PyExc_ValueError);
+  static py::handle timeout_type = [] {
+    py::tuple bases = py::make_tuple(base, py::reinterpret_borrow<py::object>(PyExc_TimeoutError));
+    return py::handle(PyErr_NewException("tnt_comm._core.Timeout", bases.ptr(), nullptr));
+  }();
+  m.attr("Timeout") = timeout_type;
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const tnt::PeerFailure& e) {
+      py::object exc = py::reinterpret_borrow<py::object>(peer_failure)(e.what());
+      exc.attr("rank") = e.rank();
+      PyErr_SetObject(peer_failure.ptr(), exc.ptr());
+    } catch (const tnt::CollectiveMismatch& e) {
+      py::set_error(mismatch, e.what());
+    } catch (const tnt::Timeout& e) {
+      PyErr_SetString(timeout_type.ptr(), e.what());
+    } catch (const tnt::InvalidArgument& e) {
+      py::set_error(invalid, e.what());
+    } catch (const tnt::Error& e) {
+      py::set_error(base, e.what());
+    }
+  });
+
+  m.def("init", [] { tnt::Runtime::init(); }, py::call_guard<py::gil_scoped_release>());
+  m.def("finalize", [] { tnt::Runtime::finalize(); }, py::call_guard<py::gil_scoped_release>());
+  m.def("is_initialized", [] { return tnt::Runtime::get() != nullptr; });
+  m.def("identity", [] {
+    const tnt::Identity& id = tnt::Runtime::init().identity();
+    py::dict d;
+    d["rank"] = id.rank;
+    d["size"] = id.size;
+    d["local_rank"] = id.local_rank;
+    d["local_size"] = id.local_size;
+    d["node_rank"] = id.node_rank;
+    d["job_id"] = id.job_id;
+    d["timeout_s"] = id.timeout_s;
+    return d;
+  });
+  m.def("transports", [] { return tnt::Runtime::init().transports(); });
+  m.def("dtype_size", [](int dtype) { return tnt::dtype_size(static_cast<DType>(dtype)); });
+
+  py::class_<tnt::Work>(m, "Work")
+      .def("wait", &tnt::Work::wait, py::arg("timeout") = std::nullopt,
+           py::call_guard<py::gil_scoped_release>())
+      .def("is_completed", &tnt::Work::is_completed)
+      .def("failed", &tnt::Work::failed)
+      .def("rethrow", &tnt::Work::rethrow);
+
+  py::class_<tnt::Group, std::shared_ptr<tnt::Group>>(m, "Group")
+      .def_property_readonly("rank", &tnt::Group::rank)
+      .def_property_readonly("size", &tnt::Group::size)
+      .def_property_readonly("ranks", &tnt::Group::world_ranks);
+
+  m.def("world", [] { return std::shared_ptr<tnt::Group>(std::shared_ptr<tnt::Group>{}, &tnt::Runtime::init().world()); });
+  m.def("new_group", [](std::vector<int> ranks) { return tnt::Runtime::init().new_group(std::move(ranks)); });
+
+  // Collectives take numpy arrays (the Python layer turns other buffers into arrays without
+  // copying); checks happen here, in C++, to keep small blocking calls within a microsecond or so.
+  // blocking=True drives the operation on this thread and returns a completed Work.
+  m.def(
+      "allreduce",
+      [](tnt::Group* g, const py::array& in, const py::array& out, int op, bool blocking) {
+        View a = view(in, "x", false);
+        View o = view(out, "out", true);
+        same_layout(a, o, a.count, "out");
+        py::gil_scoped_release release;
+        tnt::Group& grp = group_or_world(g);
+        if (blocking) {
+          grp.allreduce(a.ptr, o.ptr, a.count, a.dtype, static_cast<ReduceOp>(op));
+          return tnt::Work();
+        }
+        return grp.allreduce_async(a.ptr, o.ptr, a.count, a.dtype, static_cast<ReduceOp>(op));
+      });
+  m.def("broadcast", [](tnt::Group* g, const py::array& buf, int root, bool blocking) {
+    View a = view(buf, "x", true);
+    py::gil_scoped_release release;
+    tnt::Group& grp = group_or_world(g);
+    if (blocking) {
+      grp.broadcast(a.ptr, a.count, a.dtype, root);
+      return tnt::Work();
+    }
+    return grp.broadcast_async(a.ptr, a.count, a.dtype, root);
+  });
+  m.def("allgather", [](tnt::Group* g, const py::array& in, const py::array& out, bool blocking) {
+    View a = view(in, "x", false);
+    View o = view(out, "out", true);
+    tnt::Group& grp = group_or_world(g);
+    same_layout(a, o, a.count * static_cast<std::size_t>(grp.size()), "out");
+    py::gil_scoped_release release;
+    if (blocking) {
+      grp.allgather(a.ptr, o.ptr, a.count, a.dtype);
+      return tnt::Work();
+    }
+    return grp.allgather_async(a.ptr, o.ptr, a.count, a.dtype);
+  });
+  m.def("allgatherv", [](tnt::Group* g, const py::array& in, const py::array& out,
+                         std::vector<std::size_t> counts) {
+    View a = view(in, "x", false);
+    View o = view(out, "out", true);
+    py::gil_scoped_release release;
+    group_or_world(g).allgatherv(a.ptr, o.ptr, counts, a.dtype);
+  });
+  m.def("reduce_scatter", [](tnt::Group* g, const py::array& in, const py::array& out, int op,
+                             bool blocking) {
+    View a = view(in, "x", false);
+    View o = view(out, "out", true);
+    tnt::Group& grp = group_or_world(g);
+    same_layout(a, o, a.count / static_cast<std::size_t>(grp.size()), "out");
+    py::gil_scoped_release release;
+    if (blocking) {
+      grp.reduce_scatter(a.ptr, o.ptr, o.count, a.dtype, static_cast<ReduceOp>(op));
+      return tnt::Work();
+    }
+    return grp.reduce_scatter_async(a.ptr, o.ptr, o.count, a.dtype, static_cast<ReduceOp>(op));
+  });
+  m.def(
+      "barrier",
+      [](tnt::Group* g, bool blocking) {
+        tnt::Group& grp = group_or_world(g);
+        if (blocking) {
+          grp.barrier();
+          return tnt::Work();
+        }
+        return grp.barrier_async();
+      },
+      py::call_guard<py::gil_scoped_release>());
+  m.def("send", [](tnt::Group* g, const py::array& buf, int peer, bool blocking) {
+    View a = view(buf, "x", false);
+    py::gil_scoped_release release;
+    tnt::Group& grp = group_or_world(g);
+    if (blocking) {
+      grp.send(a.ptr, a.count, a.dtype, peer);
+      return tnt::Work();
+    }
+    return grp.send_async(a.ptr, a.count, a.dtype, peer);
+  });
+  m.def("recv", [](tnt::Group* g, const py::array& buf, int peer, bool blocking) {
+    View a = view(buf, "out", true);
+    py::gil_scoped_release release;
+    tnt::Group& grp = group_or_world(g);
+    if (blocking) {
+      grp.recv(a.ptr, a.count, a.dtype, peer);
+      return tnt::Work();
+    }
+    return grp.recv_async(a.ptr, a.count, a.dtype, peer);
+  });
+
+  m.def("plan_buckets", [](std::vector<std::size_t> counts, std::vector<int> dtypes,
+                           std::size_t threshold) {
+    if (counts.size() != dtypes.size()) throw tnt::InvalidArgument("counts and dtypes differ in length");
+    std::vector<tnt::TensorSpec> specs;
+    for (std::size_t i = 0; i < counts.size(); ++i) specs.push_back({counts[i], static_cast<DType>(dtypes[i])});
+    std::vector<std::vector<std::size_t>> out;
+    for (const auto& b : tnt::plan_buckets(specs, threshold)) out.push_back(b.tensors);
+    return out;
+  });
+
+  py::class_<tnt::FusedAllreduce>(m, "FusedAllreduce")
+      .def(py::init([](tnt::Group* g, std::vector<std::size_t> counts, std::vector<int> dtypes,
+                       std::size_t threshold, int op) {
+             if (counts.size() != dtypes.size()) {
+               throw tnt::InvalidArgument("counts and dtypes differ in length");
+             }
+             std::vector<tnt::TensorSpec> specs;
+             for (std::size_t i = 0; i < counts.size(); ++i) {
+               specs.push_back({counts[i], static_cast<DType>(dtypes[i])});
+             }
+             return std::make_unique<tnt::FusedAllreduce>(group_or_world(g), std::move(specs),
+                                                          threshold, static_cast<ReduceOp>(op));
+           }),
+           py::keep_alive<1, 2>())
+      .def("start",
+           [](tnt::FusedAllreduce& f, std::size_t i, const py::array& x) {
+             View a = view(x, "x", false);
+             py::gil_scoped_release release;
+             f.start(i, a.ptr);
+           })
+      .def("wait",
+           [](tnt::FusedAllreduce& f, std::size_t i, const py::array& out) {
+             View o = view(out, "out", true);
+             py::gil_scoped_release release;
+             f.wait(i, o.ptr);
+           })
+      .def("is_ready", &tnt::FusedAllreduce::is_ready)
+      .def_property_readonly("buckets", [](const tnt::FusedAllreduce& f) {
+        std::vector<std::vector<std::size_t>> out;
+        for (const auto& b : f.buckets()) out.push_back(b.tensors);
+        return out;
+      });
+
+  // The C ABI table for other native extensions (see c_api.h).
+  m.attr("_C_API") = py::capsule(const_cast<tnt_comm_api_v1*>(tnt_comm_api()), TNT_COMM_C_API_CAPSULE);
+}

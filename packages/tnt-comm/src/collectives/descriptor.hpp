@@ -1,0 +1,45 @@
+// What every message of an operation carries so that ranks can check they run the same collective.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace tnt {
+
+enum class Kind : std::uint32_t {
+  allreduce = 1,
+  broadcast,
+  allgather,
+  allgatherv,
+  reduce_scatter,
+  barrier,
+  p2p,
+};
+
+struct Descriptor {
+  std::uint64_t group = 0;
+  std::uint64_t seq = 0;
+  Kind kind = Kind::barrier;
+  std::int32_t dtype = 0;
+  std::int32_t op = 0;
+  std::int32_t root = 0;
+  std::uint64_t count = 0;
+
+  bool operator==(const Descriptor& o) const {
+    return group == o.group && seq == o.seq && kind == o.kind && dtype == o.dtype && op == o.op &&
+           root == o.root && count == o.count;
+  }
+  bool operator!=(const Descriptor& o) const { return !(*this == o); }
+  // e.g. "allreduce(float32, sum, count=10), call #3 of group 0x1f2e..."
+  std::string describe() const;
+};
+
+// Sits at the start of every message slot.
+struct MessageHeader {
+  Descriptor desc;
+  std::uint32_t tag;    // which piece of the operation this message is
+  std::uint32_t bytes;  // payload bytes that follow the header
+};
+static_assert(sizeof(MessageHeader) <= 64, "a message header must fit its 64 bytes");
+
+}  // namespace tnt

@@ -1,0 +1,62 @@
+#include "collectives/operation.hpp"
+
+#include "tnt_comm/types.hpp"
+
+namespace tnt {
+
+const MessageHeader* RecvStream::next(const Descriptor& expect, std::uint64_t* index) {
+  if (examined_ == count_) return nullptr;
+  const MessageHeader* header = channel_->peek(base_ + examined_);
+  if (header == nullptr) return nullptr;
+  if (header->desc != expect) {
+    throw CollectiveMismatch("collective mismatch: rank " + std::to_string(me_) + " called " +
+                             expect.describe() + " while rank " + std::to_string(peer_) +
+                             " called " + header->desc.describe() +
+                             " (every rank must call the same collectives in the same order)");
+  }
+  *index = examined_++;
+  return header;
+}
+
+bool Operation::streams_finished() const {
+  for (const auto& s : sends_) {
+    if (!s.finished()) return false;
+  }
+  for (const auto& r : recvs_) {
+    if (!r.finished()) return false;
+  }
+  return true;
+}
+
+std::string Operation::waiting_for() const {
+  std::string who;
+  for (std::size_t m = 0; m < recvs_.size(); ++m) {
+    if (!recvs_[m].finished() || !sends_[m].finished()) {
+      who += (who.empty() ? "rank " : ", rank ") + std::to_string(members_.world_ranks[m]);
+    }
+  }
+  return who.empty() ? "nothing" : who;
+}
+
+void Operation::finish(std::exception_ptr error) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (done_.load()) return;
+    error_ = error;
+    done_.store(true, std::memory_order_release);
+  }
+  cv_.notify_all();
+  if (callback_) callback_(error);
+}
+
+bool Operation::wait_completion(double seconds) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  return cv_.wait_for(lock, std::chrono::duration<double>(seconds), [this] { return done_.load(); });
+}
+
+std::exception_ptr Operation::error() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return error_;
+}
+
+}  // namespace tnt

@@ -1,0 +1,147 @@
+// Base of every collective: a resumable state machine the engine advances without blocking, plus
+// the completion state a Work handle waits on.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "collectives/channel.hpp"
+#include "collectives/descriptor.hpp"
+#include "transport/fabric.hpp"
+
+namespace tnt {
+
+// The members of the group an operation runs over, with channels by group index.
+struct Members {
+  Fabric* fabric = nullptr;
+  std::vector<Channel*> channels;  // by group index; nullptr for ourselves
+  std::vector<int> world_ranks;
+  int me = 0;
+  int size() const { return static_cast<int>(world_ranks.size()); }
+  std::size_t payload_bytes() const { return fabric->payload_bytes(); }
+};
+
+// The messages an operation sends to one peer: a reserved range on the channel.
+class SendStream {
+ public:
+  void open(Channel* channel, std::uint64_t count) {
+    channel_ = channel;
+    count_ = count;
+    base_ = channel->reserve_send(count);
+  }
+  bool ready() const { return next_ < count_ && channel_->can_send(base_ + next_); }
+  bool finished() const { return next_ == count_; }
+  std::uint64_t sent() const { return next_; }
+  void send(const Descriptor& desc, std::uint32_t tag, const void* data, std::size_t bytes) {
+    MessageHeader header{desc, tag, static_cast<std::uint32_t>(bytes)};
+    channel_->send(header, data);
+    ++next_;
+  }
+
+ private:
+  Channel* channel_ = nullptr;
+  std::uint64_t base_ = 0, count_ = 0, next_ = 0;
+};
+
+// The messages an operation receives from one peer. Messages are examined in order; each is
+// consumed once the operation no longer needs its payload.
+class RecvStream {
+ public:
+  void open(Channel* channel, std::uint64_t count, int peer_world_rank, int my_world_rank) {
+    channel_ = channel;
+    count_ = count;
+    base_ = channel->reserve_recv(count);
+    peer_ = peer_world_rank;
+    me_ = my_world_rank;
+  }
+  // The next unexamined message if it has arrived (checked against `expect`), else nullptr.
+  const MessageHeader* next(const Descriptor& expect, std::uint64_t* index);
+  const std::byte* payload(const MessageHeader* header) const {
+    return reinterpret_cast<const std::byte*>(header) + 64;
+  }
+  void consume(std::uint64_t index) {
+    channel_->consume(base_ + index);
+    ++consumed_;
+  }
+  bool finished() const { return consumed_ == count_; }
+  bool all_examined() const { return examined_ == count_; }
+  int peer() const { return peer_; }
+
+ private:
+  Channel* channel_ = nullptr;
+  std::uint64_t base_ = 0, count_ = 0, examined_ = 0, consumed_ = 0;
+  int peer_ = -1, me_ = -1;
+};
+
+class Operation {
+ public:
+  enum class Progress { idle, advanced, done };
+
+  Operation(Members members, Descriptor desc)
+      : members_(std::move(members)),
+        desc_(desc),
+        sends_(static_cast<std::size_t>(members_.size())),
+        recvs_(static_cast<std::size_t>(members_.size())) {}
+  virtual ~Operation() = default;
+  Operation(const Operation&) = delete;
+  Operation& operator=(const Operation&) = delete;
+
+  // Claims the operation's message ranges on its channels; called in submission order.
+  virtual void reserve() = 0;
+  // Advances as far as possible without waiting; throws on a protocol error.
+  virtual Progress progress() = 0;
+  // Which ranks the operation still waits for (for timeout messages).
+  virtual std::string waiting_for() const;
+
+  const Descriptor& descriptor() const { return desc_; }
+
+  void finish(std::exception_ptr error);
+  bool completed() const { return done_.load(std::memory_order_acquire); }
+  // Waits on the completion (another thread drives); false if `seconds` passed first.
+  bool wait_completion(double seconds);
+  std::exception_ptr error() const;
+  void set_callback(std::function<void(std::exception_ptr)> callback) { callback_ = std::move(callback); }
+
+ protected:
+  // Chunking: how many messages `bytes` of payload take (at least one, so empty operations still
+  // synchronise), and the bytes of chunk `i`.
+  std::uint64_t chunks(std::size_t bytes) const {
+    std::size_t p = members_.payload_bytes();
+    return bytes == 0 ? 1 : (bytes + p - 1) / p;
+  }
+  std::size_t chunk_bytes(std::size_t bytes, std::uint64_t i) const {
+    std::size_t p = members_.payload_bytes();
+    std::size_t start = static_cast<std::size_t>(i) * p;
+    return start >= bytes ? 0 : std::min(p, bytes - start);
+  }
+
+  // Opens the streams to and from group member `m`.
+  void open(int m, std::uint64_t send_count, std::uint64_t recv_count) {
+    Channel* ch = members_.channels[static_cast<std::size_t>(m)];
+    sends_[static_cast<std::size_t>(m)].open(ch, send_count);
+    recvs_[static_cast<std::size_t>(m)].open(ch, recv_count,
+                                             members_.world_ranks[static_cast<std::size_t>(m)],
+                                             members_.world_ranks[static_cast<std::size_t>(members_.me)]);
+  }
+  bool streams_finished() const;
+
+  Members members_;
+  Descriptor desc_;
+  std::vector<SendStream> sends_;  // by group index
+  std::vector<RecvStream> recvs_;
+
+ private:
+  std::atomic<bool> done_{false};
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::exception_ptr error_;
+  std::function<void(std::exception_ptr)> callback_;
+};
+
+}  // namespace tnt

@@ -1,0 +1,61 @@
+// The progress engine: operations start in submission order and are advanced together until they
+// complete. One background thread drives non-blocking work; a blocking call drives on its own
+// thread instead, so small collectives pay no thread hand-off. A driver with nothing to do spins
+// briefly on its doorbell and then sleeps on it, so an idle runtime uses no CPU.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "collectives/operation.hpp"
+#include "common.hpp"
+#include "transport/fabric.hpp"
+
+namespace tnt {
+
+class Engine {
+ public:
+  Engine(Fabric& fabric, double stall_timeout_s, bool oversubscribed);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Queues `op`, reserving its channel ranges now. With `background`, the progress thread drives
+  // it; otherwise the caller is expected to wait() on it.
+  void submit(const std::shared_ptr<Operation>& op, bool background);
+  // Until `op` completes (true) or the timeout passes (false); rethrows the op's error.
+  bool wait(Operation& op, std::optional<double> timeout_s);
+  // Waits for every queued operation (errors are left in their handles).
+  void drain();
+
+ private:
+  void thread_main();
+  // Needs drive_mutex_. Advances all operations until `target` completes (all of them if null)
+  // or the deadline passes.
+  bool drive(Operation* target, Deadline deadline);
+  void absorb_incoming();
+  void fail_all();
+  void wait_for_doorbell(std::uint32_t seen, Deadline deadline, Deadline stall);
+
+  Fabric& fabric_;
+  double stall_timeout_s_;
+  bool oversubscribed_;
+
+  std::mutex submit_mutex_;
+  std::vector<std::shared_ptr<Operation>> incoming_;
+  std::atomic<std::size_t> incoming_count_{0};
+  std::condition_variable thread_cv_;
+  std::uint64_t background_requests_ = 0;
+  bool stop_ = false;
+
+  std::mutex drive_mutex_;
+  std::vector<std::shared_ptr<Operation>> active_;  // touched only by the driver
+  std::thread thread_;
+};
+
+}  // namespace tnt

@@ -1,0 +1,232 @@
+#include "tnt_comm/group.hpp"
+
+#include <algorithm>
+#include <numeric>
+
+#include "collectives/algorithms.hpp"
+#include "engine/engine.hpp"
+#include "tnt_comm/runtime.hpp"
+
+namespace tnt {
+namespace {
+
+constexpr std::uint64_t kP2PSalt = 0x9e3779b97f4a7c15ull;
+// Up to this many bytes per peer, allreduce uses the one-round algorithm.
+constexpr std::size_t kOneShotBytes = 64 * 1024;
+
+std::uint64_t hash_ranks(const std::vector<int>& ranks) {
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (int r : ranks) {
+    h ^= static_cast<std::uint64_t>(r) + 1;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+}  // namespace
+
+Group::Group(Runtime& runtime, std::vector<int> world_ranks)
+    : runtime_(runtime), ranks_(std::move(world_ranks)) {
+  if (ranks_.empty()) throw InvalidArgument("a group needs at least one rank");
+  std::vector<int> sorted = ranks_;
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+    throw InvalidArgument("a group lists a rank twice");
+  }
+  for (std::size_t i = 0; i < ranks_.size(); ++i) {
+    if (ranks_[i] < 0 || ranks_[i] >= runtime.size()) {
+      throw InvalidArgument("rank " + std::to_string(ranks_[i]) + " is not in the world of " +
+                            std::to_string(runtime.size()) + " ranks");
+    }
+    if (ranks_[i] == runtime.rank()) my_index_ = static_cast<int>(i);
+  }
+  id_ = hash_ranks(ranks_);
+  send_seq_.assign(ranks_.size(), 0);
+  recv_seq_.assign(ranks_.size(), 0);
+}
+
+Members Group::members() const {
+  Members m;
+  m.fabric = &runtime_.fabric();
+  m.world_ranks = ranks_;
+  m.me = my_index_;
+  m.channels.reserve(ranks_.size());
+  for (int r : ranks_) m.channels.push_back(r == runtime_.rank() ? nullptr : runtime_.channel(r));
+  return m;
+}
+
+Descriptor Group::next(std::uint32_t kind, DType dtype, ReduceOp op, int root, std::uint64_t count) {
+  Descriptor d;
+  d.group = id_;
+  d.seq = seq_++;
+  d.kind = static_cast<Kind>(kind);
+  d.dtype = static_cast<std::int32_t>(dtype);
+  d.op = static_cast<std::int32_t>(op);
+  d.root = root;
+  d.count = count;
+  return d;
+}
+
+void Group::check(const char* what, DType dtype, std::size_t count, const void* a,
+                  const void* b) const {
+  if (my_index_ < 0) {
+    throw InvalidArgument(std::string(what) + ": this rank (" + std::to_string(runtime_.rank()) +
+                          ") is not a member of the group");
+  }
+  if (!is_valid(dtype)) throw InvalidArgument(std::string(what) + ": unknown dtype");
+  if (count > 0 && (a == nullptr || b == nullptr)) {
+    throw InvalidArgument(std::string(what) + ": null buffer");
+  }
+}
+
+void Group::check_peer(int peer, const char* what) const {
+  if (peer < 0 || peer >= size()) {
+    throw InvalidArgument(std::string(what) + ": rank " + std::to_string(peer) +
+                          " is not in this group of " + std::to_string(size()) + " ranks");
+  }
+}
+
+Work Group::submit(const std::shared_ptr<Operation>& op, bool background, Callback on_done) {
+  if (on_done) op->set_callback(std::move(on_done));
+  runtime_.engine().submit(op, background);
+  return Work(op, &runtime_.engine());
+}
+
+std::shared_ptr<Operation> Group::allreduce_op(const void* in, void* out, std::size_t count,
+                                               DType dtype, ReduceOp op) {
+  check("allreduce", dtype, count, in, out);
+  if (!is_valid(op)) throw InvalidArgument("allreduce: unknown reduction operator");
+  Descriptor d = next(static_cast<std::uint32_t>(Kind::allreduce), dtype, op, 0, count);
+  const std::size_t bytes = count * dtype_size(dtype);
+  if (bytes <= kOneShotBytes && size() <= 8) {
+    return make_allreduce_one_shot(members(), d, in, out, count, dtype, op);
+  }
+  return make_allreduce_direct(members(), d, in, out, count, dtype, op);
+}
+
+Work Group::allreduce_async(const void* in, void* out, std::size_t count, DType dtype, ReduceOp op,
+                            Callback on_done) {
+  return submit(allreduce_op(in, out, count, dtype, op), true, std::move(on_done));
+}
+
+std::shared_ptr<Operation> Group::broadcast_op(void* buf, std::size_t count, DType dtype, int root) {
+  check("broadcast", dtype, count, buf, buf);
+  check_peer(root, "broadcast root");
+  Descriptor d = next(static_cast<std::uint32_t>(Kind::broadcast), dtype, ReduceOp::sum, root, count);
+  return make_broadcast(members(), d, buf, count * dtype_size(dtype), root);
+}
+
+std::shared_ptr<Operation> Group::allgather_op(const void* in, void* out, std::size_t count, DType dtype) {
+  check("allgather", dtype, count, in, out);
+  Descriptor d = next(static_cast<std::uint32_t>(Kind::allgather), dtype, ReduceOp::sum, 0, count);
+  std::vector<std::size_t> bytes(ranks_.size(), count * dtype_size(dtype));
+  return make_allgatherv(members(), d, in, out, std::move(bytes));
+}
+
+std::shared_ptr<Operation> Group::allgatherv_op(const void* in, void* out, const std::vector<std::size_t>& counts,
+                             DType dtype) {
+  if (counts.size() != ranks_.size()) {
+    throw InvalidArgument("allgatherv: counts has " + std::to_string(counts.size()) +
+                          " entries, the group " + std::to_string(ranks_.size()) + " ranks");
+  }
+  const std::size_t total = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+  check("allgatherv", dtype, total, out, out);
+  if (counts[static_cast<std::size_t>(std::max(my_index_, 0))] > 0 && in == nullptr) {
+    throw InvalidArgument("allgatherv: null buffer");
+  }
+  Descriptor d = next(static_cast<std::uint32_t>(Kind::allgatherv), dtype, ReduceOp::sum, 0, total);
+  std::vector<std::size_t> bytes(counts.size());
+  for (std::size_t i = 0; i < counts.size(); ++i) bytes[i] = counts[i] * dtype_size(dtype);
+  return make_allgatherv(members(), d, in, out, std::move(bytes));
+}
+
+std::shared_ptr<Operation> Group::reduce_scatter_op(const void* in, void* out, std::size_t count,
+                                                    DType dtype, ReduceOp op) {
+  check("reduce_scatter", dtype, count, in, out);
+  if (!is_valid(op)) throw InvalidArgument("reduce_scatter: unknown reduction operator");
+  Descriptor d = next(static_cast<std::uint32_t>(Kind::reduce_scatter), dtype, op, 0, count);
+  return make_reduce_scatter(members(), d, in, out, count, dtype, op);
+}
+
+std::shared_ptr<Operation> Group::barrier_op() {
+  check("barrier", DType::uint8, 0, nullptr, nullptr);
+  Descriptor d = next(static_cast<std::uint32_t>(Kind::barrier), DType::uint8, ReduceOp::sum, 0, 0);
+  return make_barrier(members(), d);
+}
+
+std::shared_ptr<Operation> Group::send_op(const void* buf, std::size_t count, DType dtype, int peer) {
+  check("send", dtype, count, buf, buf);
+  check_peer(peer, "send");
+  if (peer == my_index_) throw InvalidArgument("send: a rank cannot send to itself");
+  Descriptor d;
+  d.group = id_ ^ kP2PSalt;
+  d.seq = send_seq_[static_cast<std::size_t>(peer)]++;
+  d.kind = Kind::p2p;
+  d.dtype = static_cast<std::int32_t>(dtype);
+  d.root = my_index_;
+  d.count = count;
+  return make_send(members(), d, buf, count * dtype_size(dtype), peer);
+}
+
+std::shared_ptr<Operation> Group::recv_op(void* buf, std::size_t count, DType dtype, int peer) {
+  check("recv", dtype, count, buf, buf);
+  check_peer(peer, "recv");
+  if (peer == my_index_) throw InvalidArgument("recv: a rank cannot receive from itself");
+  Descriptor d;
+  d.group = id_ ^ kP2PSalt;
+  d.seq = recv_seq_[static_cast<std::size_t>(peer)]++;
+  d.kind = Kind::p2p;
+  d.dtype = static_cast<std::int32_t>(dtype);
+  d.root = peer;
+  d.count = count;
+  return make_recv(members(), d, buf, count * dtype_size(dtype), peer);
+}
+
+Work Group::broadcast_async(void* buf, std::size_t count, DType dtype, int root, Callback on_done) {
+  return submit(broadcast_op(buf, count, dtype, root), true, std::move(on_done));
+}
+Work Group::allgather_async(const void* in, void* out, std::size_t count, DType dtype) {
+  return submit(allgather_op(in, out, count, dtype), true);
+}
+Work Group::allgatherv_async(const void* in, void* out, const std::vector<std::size_t>& counts,
+                             DType dtype) {
+  return submit(allgatherv_op(in, out, counts, dtype), true);
+}
+Work Group::reduce_scatter_async(const void* in, void* out, std::size_t count, DType dtype,
+                                 ReduceOp op) {
+  return submit(reduce_scatter_op(in, out, count, dtype, op), true);
+}
+Work Group::barrier_async() { return submit(barrier_op(), true); }
+Work Group::send_async(const void* buf, std::size_t count, DType dtype, int peer) {
+  return submit(send_op(buf, count, dtype, peer), true);
+}
+Work Group::recv_async(void* buf, std::size_t count, DType dtype, int peer) {
+  return submit(recv_op(buf, count, dtype, peer), true);
+}
+
+// Blocking forms drive the operation on the calling thread: no hand-off to the progress thread.
+void Group::allreduce(const void* in, void* out, std::size_t count, DType dtype, ReduceOp op) {
+  submit(allreduce_op(in, out, count, dtype, op), false).wait();
+}
+void Group::broadcast(void* buf, std::size_t count, DType dtype, int root) {
+  submit(broadcast_op(buf, count, dtype, root), false).wait();
+}
+void Group::allgather(const void* in, void* out, std::size_t count, DType dtype) {
+  submit(allgather_op(in, out, count, dtype), false).wait();
+}
+void Group::allgatherv(const void* in, void* out, const std::vector<std::size_t>& counts,
+                       DType dtype) {
+  submit(allgatherv_op(in, out, counts, dtype), false).wait();
+}
+void Group::reduce_scatter(const void* in, void* out, std::size_t count, DType dtype, ReduceOp op) {
+  submit(reduce_scatter_op(in, out, count, dtype, op), false).wait();
+}
+void Group::barrier() { submit(barrier_op(), false).wait(); }
+void Group::send(const void* buf, std::size_t count, DType dtype, int peer) {
+  submit(send_op(buf, count, dtype, peer), false).wait();
+}
+void Group::recv(void* buf, std::size_t count, DType dtype, int peer) {
+  submit(recv_op(buf, count, dtype, peer), false).wait();
+}
+
+}  // namespace tnt

@@ -1,0 +1,146 @@
+#include "tnt_comm/runtime.hpp"
+
+#include <sched.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+
+#include "collectives/channel.hpp"
+#include "engine/engine.hpp"
+#include "transport/fabric.hpp"
+
+namespace tnt {
+namespace {
+
+// The one process-wide runtime (DESIGN.md: the only global mutable state of tnt-comm).
+std::mutex g_mutex;
+std::unique_ptr<Runtime> g_runtime;
+
+const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return (v != nullptr && *v != '\0') ? v : nullptr;
+}
+
+long env_int(const char* name, long fallback, long low, long high) {
+  const char* v = env(name);
+  if (v == nullptr) return fallback;
+  char* end = nullptr;
+  long x = std::strtol(v, &end, 10);
+  if (*end != '\0' || x < low || x > high) {
+    throw InvalidArgument(std::string(name) + "=" + v + " is not an integer in [" +
+                          std::to_string(low) + ", " + std::to_string(high) + "]");
+  }
+  return x;
+}
+
+int cpus_available() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+  return static_cast<int>(std::thread::hardware_concurrency());
+}
+
+}  // namespace
+
+Identity Identity::from_environment() {
+  Identity id;
+  id.size = static_cast<int>(env_int("TNT_SIZE", 1, 1, 1 << 20));
+  if (const char* t = env("TNT_TIMEOUT_S")) {
+    char* end = nullptr;
+    id.timeout_s = std::strtod(t, &end);
+    if (*end != '\0' || id.timeout_s <= 0) {
+      throw InvalidArgument(std::string("TNT_TIMEOUT_S=") + t + " is not a positive number of seconds");
+    }
+  }
+  if (id.size == 1) return id;
+  for (const char* required : {"TNT_RANK", "TNT_MASTER_ADDR", "TNT_MASTER_PORT", "TNT_JOB_TOKEN"}) {
+    if (env(required) == nullptr) {
+      throw InvalidArgument(std::string("TNT_SIZE is set but ") + required +
+                            " is not: start every rank with tnt-launch, which sets the whole "
+                            "environment contract");
+    }
+  }
+  id.rank = static_cast<int>(env_int("TNT_RANK", 0, 0, id.size - 1));
+  id.local_rank = static_cast<int>(env_int("TNT_LOCAL_RANK", id.rank, 0, id.size - 1));
+  id.local_size = static_cast<int>(env_int("TNT_LOCAL_SIZE", id.size, 1, id.size));
+  id.node_rank = static_cast<int>(env_int("TNT_NODE_RANK", 0, 0, id.size - 1));
+  id.master_addr = env("TNT_MASTER_ADDR");
+  id.master_port = static_cast<int>(env_int("TNT_MASTER_PORT", 0, 1, 65535));
+  id.token = env("TNT_JOB_TOKEN");
+  if (const char* job = env("TNT_JOB_ID")) id.job_id = job;
+  for (char c : id.job_id) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_') {
+      throw InvalidArgument("TNT_JOB_ID may contain only letters, digits, '-' and '_'");
+    }
+  }
+  if (const char* t = env("TNT_TRANSPORT")) id.transport = t;
+  if (id.transport == "gpi2") {
+    throw InvalidArgument("TNT_TRANSPORT=gpi2: this build of tnt-comm has no GPI-2 transport; use "
+                          "auto, shm or tcp");
+  }
+  if (id.transport != "auto" && id.transport != "shm" && id.transport != "tcp") {
+    throw InvalidArgument("TNT_TRANSPORT=" + id.transport + " is not one of auto, shm, tcp");
+  }
+  return id;
+}
+
+Runtime::Runtime(const Identity& identity) : identity_(identity) {
+  fabric_ = std::make_unique<Fabric>(identity_);
+  channels_.resize(static_cast<std::size_t>(identity_.size));
+  for (int r = 0; r < identity_.size; ++r) {
+    if (r != identity_.rank) {
+      channels_[static_cast<std::size_t>(r)] =
+          std::make_unique<Channel>(identity_.rank, r, &fabric_->link(r), fabric_->segment());
+    }
+  }
+  const bool oversubscribed = identity_.local_size > cpus_available();
+  engine_ = std::make_unique<Engine>(*fabric_, identity_.timeout_s, oversubscribed);
+  std::vector<int> all(static_cast<std::size_t>(identity_.size));
+  for (int r = 0; r < identity_.size; ++r) all[static_cast<std::size_t>(r)] = r;
+  world_ = std::make_unique<Group>(*this, std::move(all));
+}
+
+Runtime::~Runtime() {
+  // Order matters: the engine stops driving before the links it drives go away.
+  engine_.reset();
+  fabric_->shutdown();
+}
+
+Runtime& Runtime::init() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (!g_runtime) g_runtime.reset(new Runtime(Identity::from_environment()));
+  return *g_runtime;
+}
+
+Runtime& Runtime::init(const Identity& identity) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (!g_runtime) g_runtime.reset(new Runtime(identity));
+  return *g_runtime;
+}
+
+Runtime* Runtime::get() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_runtime.get();
+}
+
+void Runtime::finalize() {
+  std::unique_ptr<Runtime> runtime;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    runtime = std::move(g_runtime);
+  }
+  if (!runtime) return;
+  if (!runtime->fabric_->failed()) runtime->engine_->drain();
+}
+
+std::shared_ptr<Group> Runtime::new_group(std::vector<int> world_ranks) {
+  return std::make_shared<Group>(*this, std::move(world_ranks));
+}
+
+std::vector<std::string> Runtime::transports() const {
+  std::vector<std::string> out;
+  for (int r = 0; r < identity_.size; ++r) out.push_back(fabric_->transport(r));
+  return out;
+}
+
+}  // namespace tnt

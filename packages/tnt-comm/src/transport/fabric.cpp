@@ -1,0 +1,298 @@
+#include "transport/fabric.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include "store/store.hpp"
+
+namespace tnt {
+namespace {
+
+constexpr std::uint32_t kHelloMagic = 0x544e5448;  // "TNTH"
+constexpr std::size_t kDefaultPayload = 256 * 1024;
+constexpr int kSlots = 4;
+
+std::size_t payload_from_env() {
+  const char* v = std::getenv("TNT_CHUNK_KB");
+  if (v == nullptr || *v == '\0') return kDefaultPayload;
+  long kb = std::strtol(v, nullptr, 10);
+  if (kb < 4 || kb > 64 * 1024) throw InvalidArgument("TNT_CHUNK_KB must be between 4 and 65536");
+  return static_cast<std::size_t>(kb) * 1024;
+}
+
+std::string join(const std::vector<int>& ranks) {
+  std::ostringstream out;
+  for (std::size_t i = 0; i < ranks.size(); ++i) out << (i ? ", " : "") << ranks[i];
+  return out.str();
+}
+
+}  // namespace
+
+Fabric::Fabric(const Identity& identity) : rank_(identity.rank), size_(identity.size) {
+  peers_.resize(static_cast<std::size_t>(size_));
+  if (size_ == 1) {
+    segment_.layout.world = 1;
+    segment_.layout.slot_bytes = kHeaderBytes + kDefaultPayload;
+    memory_ = MappedMemory::anonymous(segment_.layout.slots_offset());
+    segment_.base = memory_.data();
+    return;
+  }
+  if (::pipe2(wake_, O_CLOEXEC) != 0) throw Error("pipe failed");
+  rendezvous(identity);
+  receiver_ = std::thread([this] { receive_loop(); });
+}
+
+Fabric::~Fabric() {
+  shutdown();
+  if (wake_[0] >= 0) ::close(wake_[0]);
+  if (wake_[1] >= 0) ::close(wake_[1]);
+}
+
+void Fabric::rendezvous(const Identity& id) {
+  const Deadline deadline = deadline_after(id.timeout_s);
+  std::unique_ptr<StoreServer> server;
+  if (rank_ == 0) server = std::make_unique<StoreServer>(id.master_addr, id.master_port, id.token);
+  StoreClient store(id.master_addr, id.master_port, id.token, deadline);
+
+  // 1. Publish who we are and where peers can reach us; the address of our store connection is
+  //    the interface that routes towards rank 0, so peers on other hosts can reach it too.
+  Socket listener = Socket::listen_on(store.local_ip(), 0);
+  const std::string prefix = id.job_id + "/";
+  if (rank_ == 0) store.set(prefix + "payload", std::to_string(payload_from_env()));
+  store.set(prefix + "peer/" + std::to_string(rank_),
+            store.local_ip() + " " + std::to_string(listener.local_port()) + " " +
+                std::to_string(id.node_rank));
+
+  std::vector<std::string> host(static_cast<std::size_t>(size_));
+  std::vector<int> port(static_cast<std::size_t>(size_)), node(static_cast<std::size_t>(size_));
+  for (int r = 0; r < size_; ++r) {
+    std::string info;
+    try {
+      info = store.get(prefix + "peer/" + std::to_string(r), deadline);
+    } catch (const Timeout&) {
+      std::vector<int> missing;
+      for (int q = 0; q < size_; ++q) {
+        if (!store.try_get(prefix + "peer/" + std::to_string(q))) missing.push_back(q);
+      }
+      throw Timeout("rendezvous timed out after " + std::to_string(static_cast<int>(id.timeout_s)) +
+                    " s: rank(s) " + join(missing) + " of " + std::to_string(size_) +
+                    " did not arrive (did they start, with the same TNT_MASTER_ADDR/PORT and "
+                    "TNT_JOB_ID? raise TNT_TIMEOUT_S if they start slowly)");
+    }
+    std::istringstream in(info);
+    auto i = static_cast<std::size_t>(r);
+    in >> host[i] >> port[i] >> node[i];
+  }
+  const std::size_t payload = std::stoul(store.get(prefix + "payload", deadline));
+
+  // 2. Full mesh of TCP connections: we connect to lower ranks and accept higher ones. Each
+  //    connection starts with a hello proving the job token.
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    peers_[static_cast<std::size_t>(r)] = std::make_unique<Peer>();
+    peers_[static_cast<std::size_t>(r)]->rank = r;
+  }
+  for (int r = 0; r < rank_; ++r) {
+    auto i = static_cast<std::size_t>(r);
+    Socket s = Socket::connect_to(host[i], port[i], deadline);
+    std::string hello(reinterpret_cast<const char*>(&kHelloMagic), 4);
+    hello.append(reinterpret_cast<const char*>(&rank_), 4);
+    hello += id.token;
+    s.send_all(hello.data(), hello.size());
+    peers_[i]->sock = std::move(s);
+  }
+  for (int pending = size_ - 1 - rank_; pending > 0;) {
+    Socket s = listener.accept(deadline);
+    std::string hello(8 + id.token.size(), '\0');
+    if (!s.wait_readable(deadline_after(5)) || !s.recv_all(hello.data(), hello.size())) continue;
+    std::uint32_t magic;
+    int from;
+    std::memcpy(&magic, hello.data(), 4);
+    std::memcpy(&from, hello.data() + 4, 4);
+    if (magic != kHelloMagic || hello.compare(8, std::string::npos, id.token) != 0 ||
+        from <= rank_ || from >= size_ || peers_[static_cast<std::size_t>(from)]->sock.valid()) {
+      continue;  // not one of ours: drop it
+    }
+    peers_[static_cast<std::size_t>(from)]->sock = std::move(s);
+    --pending;
+  }
+
+  // 3. Choose each pair's transport and set up our segment.
+  std::vector<bool> same_host(static_cast<std::size_t>(size_), false);
+  bool any_shm = false;
+  for (int r = 0; r < size_; ++r) {
+    auto i = static_cast<std::size_t>(r);
+    bool local = node[i] == id.node_rank;
+    if (id.transport == "shm" && !local) {
+      throw InvalidArgument("TNT_TRANSPORT=shm but rank " + std::to_string(r) +
+                            " runs on another host; use auto or tcp");
+    }
+    same_host[i] = r != rank_ && local && id.transport != "tcp";
+    any_shm = any_shm || same_host[i];
+  }
+  segment_.layout.world = size_;
+  segment_.layout.slots = kSlots;
+  segment_.layout.slot_bytes = kHeaderBytes + payload;
+  const std::size_t bytes = segment_.layout.total();
+  auto shm_name = [&](int r) { return "/tnt-" + id.job_id + "-" + std::to_string(r); };
+  memory_ = any_shm ? MappedMemory::create_shared(shm_name(rank_), bytes)
+                    : MappedMemory::anonymous(bytes);
+  segment_.base = memory_.data();
+  store.set(prefix + "segment/" + std::to_string(rank_), "ready");
+
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    Peer& peer = *peers_[static_cast<std::size_t>(r)];
+    if (same_host[static_cast<std::size_t>(r)]) {
+      store.get(prefix + "segment/" + std::to_string(r), deadline);
+      peer.mapping = MappedMemory::open_shared(shm_name(r), bytes);
+      peer.link = std::make_unique<ShmLink>(SegmentView{peer.mapping.data(), segment_.layout});
+    } else {
+      peer.link = std::make_unique<TcpLink>(peer.sock, peer.send_mutex);
+    }
+  }
+  // 4. Once every local peer has mapped our segment, remove its name: a crash can leave no file.
+  store.set(prefix + "mapped/" + std::to_string(rank_), "1");
+  for (int r = 0; r < size_; ++r) {
+    if (same_host[static_cast<std::size_t>(r)]) store.get(prefix + "mapped/" + std::to_string(r), deadline);
+  }
+  memory_.unlink();
+  // Rank 0 keeps its store alive until everybody has read what it needs.
+  store.add(prefix + "done", 1);
+  if (server) {
+    while (std::stoll(store.get(prefix + "done", deadline)) < size_) {
+      if (Clock::now() >= deadline) throw Timeout("rendezvous did not complete");
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+}
+
+std::string Fabric::transport(int peer) const {
+  if (peer == rank_) return "self";
+  return peers_[static_cast<std::size_t>(peer)]->link->kind();
+}
+
+void Fabric::fail(FailureKind kind, int culprit, const std::string& message, bool tell_peers) {
+  {
+    std::lock_guard<std::mutex> lock(failure_mutex_);
+    if (failure_.load() != FailureKind::none) return;
+    failure_message_ = message;
+    failure_rank_ = culprit;
+    failure_.store(kind, std::memory_order_release);
+  }
+  if (tell_peers) {
+    std::string text(1, static_cast<char>('0' + static_cast<int>(kind)));
+    text += std::to_string(culprit) + ":" + message;
+    for (auto& peer : peers_) {
+      if (peer && !peer->closed) send_frame(*peer, FrameHeader::abort, text);
+    }
+  }
+  doorbell().ring();
+}
+
+void Fabric::throw_failure() const {
+  std::string message;
+  int culprit;
+  {
+    std::lock_guard<std::mutex> lock(failure_mutex_);
+    message = failure_message_;
+    culprit = failure_rank_;
+  }
+  switch (failure_.load(std::memory_order_acquire)) {
+    case FailureKind::mismatch: throw CollectiveMismatch(message);
+    case FailureKind::peer: throw PeerFailure(culprit, message);
+    case FailureKind::timeout: throw Timeout(message);
+    default: throw Error(message);
+  }
+}
+
+void Fabric::send_frame(Peer& peer, FrameHeader::Type type, const std::string& text) {
+  FrameHeader header{type, 0, 0, 0, text.size()};
+  iovec iov[2] = {{&header, sizeof header}, {const_cast<char*>(text.data()), text.size()}};
+  try {
+    std::lock_guard<std::mutex> lock(peer.send_mutex);
+    peer.sock.send_iov(iov, text.empty() ? 1 : 2);
+  } catch (const Error&) {
+    // The peer is gone already; its failure is reported by the receiver.
+  }
+}
+
+void Fabric::receive_loop() {
+  std::vector<pollfd> fds;
+  std::vector<Peer*> owners;
+  while (true) {
+    fds.assign(1, pollfd{wake_[0], POLLIN, 0});
+    owners.assign(1, nullptr);
+    for (auto& peer : peers_) {
+      if (peer && !peer->closed) {
+        fds.push_back({peer->sock.fd(), POLLIN, 0});
+        owners.push_back(peer.get());
+      }
+    }
+    if (fds.size() == 1) return;
+    if (::poll(fds.data(), fds.size(), -1) < 0) continue;
+    if (fds[0].revents) return;
+    for (std::size_t i = 1; i < fds.size(); ++i) {
+      if (fds[i].revents) handle_frame(*owners[i]);
+    }
+  }
+}
+
+void Fabric::handle_frame(Peer& peer) {
+  auto peer_died = [&](const std::string& why) {
+    peer.closed = true;
+    if (!peer.said_bye) {
+      fail(FailureKind::peer, peer.rank,
+           "rank " + std::to_string(peer.rank) + " failed: " + why +
+               " (the process died or was killed; see its own output for the cause)",
+           false);
+    }
+  };
+  FrameHeader h{};
+  try {
+    if (!peer.sock.recv_all(&h, sizeof h)) return peer_died("its connection closed");
+    if (h.type == FrameHeader::write_notify) {
+      if (h.offset + h.bytes > segment_.layout.total() || h.note >= segment_.layout.notes()) {
+        return peer_died("it sent a malformed message");
+      }
+      if (h.bytes > 0 && !peer.sock.recv_all(segment_.base + h.offset, h.bytes)) {
+        return peer_died("its connection closed");
+      }
+      segment_.note(h.note)->store(h.value, std::memory_order_release);
+      doorbell().ring();
+    } else if (h.type == FrameHeader::abort) {
+      std::string text(h.bytes, '\0');
+      if (h.bytes > 0 && !peer.sock.recv_all(text.data(), h.bytes)) return peer_died("closed");
+      auto kind = static_cast<FailureKind>(text.empty() ? 4 : text[0] - '0');
+      std::size_t colon = text.find(':');
+      int culprit = colon == std::string::npos ? peer.rank : std::atoi(text.c_str() + 1);
+      fail(kind, culprit, colon == std::string::npos ? text : text.substr(colon + 1), false);
+    } else if (h.type == FrameHeader::bye) {
+      peer.said_bye = true;
+    } else {
+      peer_died("it sent an unknown message");
+    }
+  } catch (const Error& e) {
+    peer_died(e.what());
+  }
+}
+
+void Fabric::shutdown() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  for (auto& peer : peers_) {
+    if (peer && peer->sock.valid()) send_frame(*peer, FrameHeader::bye, "");
+  }
+  if (receiver_.joinable()) {
+    char c = 'q';
+    if (::write(wake_[1], &c, 1) < 0) { /* the thread also ends when all peers close */ }
+    receiver_.join();
+  }
+}
+
+}  // namespace tnt

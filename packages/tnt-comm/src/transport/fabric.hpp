@@ -1,0 +1,79 @@
+// The connected set of peers of this rank: its segment, one link per peer (shm or tcp, chosen per
+// pair), the TCP connection to every peer that also carries liveness, abort and goodbye messages,
+// and the failure state every wait checks.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tnt_comm/runtime.hpp"
+#include "transport/link.hpp"
+#include "transport/segment.hpp"
+#include "transport/socket.hpp"
+
+namespace tnt {
+
+enum class FailureKind { none = 0, mismatch, peer, timeout, other };
+
+class Fabric {
+ public:
+  static constexpr std::size_t kHeaderBytes = 64;
+
+  // Meets every rank at rank 0's store and connects to all of them (a single rank needs nothing).
+  explicit Fabric(const Identity& identity);
+  ~Fabric();
+  Fabric(const Fabric&) = delete;
+  Fabric& operator=(const Fabric&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const SegmentView& segment() const { return segment_; }
+  std::size_t payload_bytes() const { return segment_.layout.slot_bytes - kHeaderBytes; }
+  Link& link(int peer) { return *peers_[static_cast<std::size_t>(peer)]->link; }
+  std::string transport(int peer) const;
+  Doorbell doorbell() const { return segment_.doorbell(); }
+
+  // Records the first failure, wakes every waiter and, if asked, tells every peer (abort frame).
+  void fail(FailureKind kind, int culprit, const std::string& message, bool tell_peers);
+  bool failed() const { return failure_.load(std::memory_order_acquire) != FailureKind::none; }
+  [[noreturn]] void throw_failure() const;
+
+  // Says goodbye to every peer and stops the receiver thread.
+  void shutdown();
+
+ private:
+  struct Peer {
+    int rank = -1;
+    Socket sock;
+    std::mutex send_mutex;
+    std::unique_ptr<Link> link;
+    MappedMemory mapping;  // the peer's segment, for shm links
+    bool said_bye = false;
+    bool closed = false;
+  };
+
+  void rendezvous(const Identity& identity);
+  void receive_loop();
+  void handle_frame(Peer& peer);
+  void send_frame(Peer& peer, FrameHeader::Type type, const std::string& text);
+
+  int rank_;
+  int size_;
+  MappedMemory memory_;
+  SegmentView segment_;
+  std::vector<std::unique_ptr<Peer>> peers_;  // indexed by world rank; our own entry is empty
+  std::thread receiver_;
+  int wake_[2] = {-1, -1};
+  bool shut_down_ = false;
+
+  std::atomic<FailureKind> failure_{FailureKind::none};
+  mutable std::mutex failure_mutex_;
+  std::string failure_message_;
+  int failure_rank_ = -1;
+};
+
+}  // namespace tnt

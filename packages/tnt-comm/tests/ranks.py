@@ -1,0 +1,84 @@
+"""Starts real rank processes with the environment contract, for the multi-process tests."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Result:
+    rank: int
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+class Job:
+    """n processes running `code`, each with TNT_RANK etc. set; `nodes` splits them over fake hosts."""
+
+    def __init__(self, n: int, code: str, tmp: Path, env: dict[str, str] | None = None, nodes: int = 1) -> None:
+        self.n = n
+        self.job_id = secrets.token_hex(6)
+        script = tmp / f"rank_{self.job_id}.py"
+        script.write_text(textwrap.dedent(code))
+        port = free_port()
+        token = secrets.token_hex(16)
+        per_node = -(-n // nodes)
+        self.procs: list[subprocess.Popen[str]] = []
+        for r in range(n):
+            e = dict(os.environ)
+            e.update(
+                TNT_RANK=str(r), TNT_SIZE=str(n), TNT_LOCAL_RANK=str(r % per_node),
+                TNT_LOCAL_SIZE=str(min(per_node, n - (r // per_node) * per_node)),
+                TNT_NODE_RANK=str(r // per_node), TNT_MASTER_ADDR="127.0.0.1",
+                TNT_MASTER_PORT=str(port), TNT_JOB_ID=self.job_id, TNT_JOB_TOKEN=token,
+                PYTHONUNBUFFERED="1",
+            )
+            e.update(env or {})
+            self.procs.append(subprocess.Popen([sys.executable, str(script)], env=e, text=True,
+                                               stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+
+    def wait(self, timeout: float = 60) -> list[Result]:
+        deadline = time.monotonic() + timeout
+        results = []
+        try:
+            for r, p in enumerate(self.procs):
+                out, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+                results.append(Result(r, p.returncode, out, err))
+        finally:
+            self.kill()
+        return results
+
+    def kill(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+                p.wait()
+
+    def shm_leftovers(self) -> list[str]:
+        return [f for f in os.listdir("/dev/shm") if self.job_id in f]
+
+
+def run(n: int, code: str, tmp: Path, timeout: float = 60, **kw: object) -> list[Result]:
+    """Runs the job and asserts every rank exited 0; returns the results."""
+    job = Job(n, code, tmp, **kw)  # type: ignore[arg-type]
+    results = job.wait(timeout)
+    for res in results:
+        assert res.returncode == 0, f"rank {res.rank} exited {res.returncode}:\n{res.stderr[-3000:]}"
+    assert not job.shm_leftovers(), f"files left in /dev/shm: {job.shm_leftovers()}"
+    return results

@@ -1,0 +1,1 @@
+"""Distributed data-parallel training for Keras 3 (work in progress)."""
