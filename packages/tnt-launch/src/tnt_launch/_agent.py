@@ -1,0 +1,319 @@
+"""The helper tnt-launch runs on the hosts of a job: beside every rank, and for per-host queries.
+
+tnt-launch starts it with a JSON request on its first line of stdin (see `spawn.py`), locally or
+over ssh, in one of four modes:
+
+- ``run``: start one rank and look after it. The rank gets its own process group; the agent makes
+  itself a child subreaper so that nothing the rank starts can escape it. It stops the rank
+  (SIGTERM to the group, SIGKILL after the grace period) when asked ('T' on stdin; 'K' kills at
+  once), when it gets SIGTERM/SIGINT/SIGHUP, and when its stdin closes: the launcher or the ssh
+  connection is gone. Once the rank has exited, everything left of it is killed, and the agent
+  reports the rank's exit status on stderr as one line starting with `MARKER`.
+- ``probe``: describe this host (GPUs, CPUs, NUMA nodes, numactl, optionally a free TCP port).
+- ``cleanup``: `jobs.cleanup` on this host.  ``finish``: `jobs.finish_job` on this host.
+
+Standard library only, Python 3.8+: its source travels over ssh together with `jobs.py`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import glob
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from tnt_launch import jobs
+
+MARKER = "\x1eTNT-AGENT-EXIT "
+"""Starts the status line an agent writes to stderr after its rank has ended."""
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+class _Stopper:
+    """Stops the rank's process group once, gracefully or at once, from any thread."""
+
+    def __init__(self, grace: float) -> None:
+        self._lock = threading.RLock()
+        self._grace = grace
+        self._pid: int | None = None
+        self._requested = False
+        self._forced = False
+        self._done = False
+        self._timer: threading.Timer | None = None
+
+    def attach(self, pid: int) -> None:
+        with self._lock:
+            self._pid = pid
+            if self._forced:
+                self._signal(signal.SIGKILL)
+            elif self._requested:
+                self._terminate()
+
+    def request(self, force: bool = False) -> None:
+        with self._lock:
+            if force and not self._forced:
+                self._forced = True
+                self._signal(signal.SIGKILL)
+            elif not self._requested:
+                self._requested = True
+                if self._pid is not None:
+                    self._terminate()
+
+    def finished(self) -> None:
+        with self._lock:
+            self._done = True
+            if self._timer is not None:
+                self._timer.cancel()
+
+    def _terminate(self) -> None:
+        self._signal(signal.SIGTERM)
+        self._timer = threading.Timer(self._grace, self._signal, (signal.SIGKILL,))
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _signal(self, sig: int) -> None:
+        with self._lock:
+            # Until the rank is reaped its PID, and so its group, cannot be reused.
+            if self._pid is None or self._done:
+                return
+            try:
+                os.killpg(self._pid, sig)
+            except OSError:
+                pass
+
+
+def _watch_stdin(stopper: _Stopper, pending: bytes) -> None:
+    data = pending
+    while True:
+        if b"K" in data:
+            stopper.request(force=True)
+        elif b"T" in data:
+            stopper.request()
+        try:
+            data = os.read(0, 4096)
+        except OSError:
+            data = b""
+        if not data:
+            stopper.request()
+            return
+
+
+def _become_subreaper() -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _wait_exit(pid: int) -> tuple[int | None, int | None]:
+    """Wait for the rank to end without reaping it; return (exit code, None) or (None, signal)."""
+    while True:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        if info is None:
+            continue
+        if info.si_code == os.CLD_EXITED:
+            return info.si_status, None
+        return None, info.si_status
+
+
+def _reap_leftovers(pid: int) -> None:
+    """Kill what is left of the rank: its process group and any orphan we adopted."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+    for _ in range(200):
+        orphans = jobs.children_of(os.getpid())
+        if not orphans:
+            return
+        for orphan in orphans:
+            try:
+                os.kill(orphan, signal.SIGKILL)
+            except OSError:
+                pass
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                pass
+        except ChildProcessError:
+            pass
+        time.sleep(0.01)
+
+
+def _report(rank: int, code: int | None, sig: int | None = None, error: str | None = None) -> int:
+    status = {"rank": rank, "code": code, "signal": sig, "error": error}
+    try:
+        os.write(2, (MARKER + json.dumps(status) + "\n").encode())
+    except OSError:
+        pass
+    return code if code is not None else 128 + (sig or 0)
+
+
+def run_rank(request: dict[str, Any], pending: bytes = b"") -> int:
+    """Start the rank described by `request`, supervise it, report its status; return exit code."""
+    rank = int(request["rank"])
+    stopper = _Stopper(float(request.get("grace", jobs.GRACE_S)))
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda *_: stopper.request())
+    _become_subreaper()
+    threading.Thread(target=_watch_stdin, args=(stopper, pending), daemon=True).start()
+
+    cwd = request["cwd"]
+    try:
+        os.chdir(cwd)
+    except OSError as e:
+        host = socket.gethostname()
+        error = f"cannot enter working directory {cwd} on {host}: {e.strerror}"
+        return _report(rank, 1, error=error)
+    try:
+        registry = jobs.registry_dir(request.get("registry"))
+    except (OSError, jobs.RegistryError) as e:
+        return _report(rank, 1, error=str(e))
+
+    env = dict(os.environ)
+    env.update(request["env"])
+    argv = list(request["argv"])
+    try:
+        child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+    except OSError as e:
+        code = 127 if e.errno == errno.ENOENT else 126
+        return _report(rank, code, error=f"cannot run {argv[0]}: {e.strerror}")
+
+    entry = jobs.write_entry(
+        registry,
+        f"{request['job_id']}.rank{rank}.json",
+        {
+            "job_id": request["job_id"],
+            "role": f"rank{rank}",
+            "script": request.get("script"),
+            "script_path": request.get("script_path"),
+            "processes": [jobs.process_entry(os.getpid()), jobs.process_entry(child.pid)],
+        },
+    )
+    stopper.attach(child.pid)
+    code, sig = _wait_exit(child.pid)
+    # Nothing the rank started may outlive it.
+    _reap_leftovers(child.pid)
+    stopper.finished()
+    child.returncode = code if code is not None else -(sig or 0)
+    jobs.remove_entry(entry)
+    return _report(rank, code, sig)
+
+
+# ---------------------------------------------------------------------------------------------
+# Probing a host
+
+
+def _count_cpus(cpulist: str) -> int:
+    count = 0
+    for part in cpulist.strip().split(","):
+        if not part:
+            continue
+        low, _, high = part.partition("-")
+        count += int(high or low) - int(low) + 1
+    return count
+
+
+def numa_nodes(root: str = "/sys/devices/system/node") -> list[list[int]]:
+    """[node id, number of CPUs] of every NUMA node that has CPUs, in node order."""
+    nodes = []
+    for path in glob.glob(os.path.join(root, "node[0-9]*")):
+        try:
+            with open(os.path.join(path, "cpulist")) as f:
+                cpus = _count_cpus(f.read())
+        except (OSError, ValueError):
+            continue
+        if cpus:
+            nodes.append([int(os.path.basename(path)[4:]), cpus])
+    return sorted(nodes)
+
+
+def detect_gpus(environ: Mapping[str, str]) -> list[str]:
+    """GPUs usable here: CUDA_VISIBLE_DEVICES when set (as CUDA reads it), else nvidia-smi's."""
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        gpus = []
+        for token in visible.split(","):
+            token = token.strip()
+            # CUDA stops at the first invalid entry; these are the usual ways to hide all GPUs.
+            if not token or token == "-1" or token.lower() == "nodevfiles":
+                break
+            gpus.append(token)
+        return gpus
+    smi = shutil.which("nvidia-smi", path=environ.get("PATH"))
+    if smi is None:
+        return []
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=index", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30, check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if out.returncode != 0:
+        return []
+    return [line.strip() for line in out.stdout.splitlines() if line.strip().isdigit()]
+
+
+def free_port() -> int:
+    """A TCP port that is free on this host right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def probe(request: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "hostname": socket.gethostname(),
+        "cpus": len(os.sched_getaffinity(0)),
+        "gpus": detect_gpus(os.environ),
+        "numa": numa_nodes(),
+        "numactl": shutil.which("numactl") is not None,
+        "port": free_port() if request.get("want_port") else None,
+    }
+
+
+def serve(request: dict[str, Any]) -> Any:
+    """Answer a probe, cleanup or finish request; errors come back as {"error": message}."""
+    mode = request.get("mode")
+    try:
+        if mode == "probe":
+            return probe(request)
+        registry = jobs.registry_dir(request.get("registry"))
+        if mode == "cleanup":
+            return jobs.cleanup(
+                registry,
+                request.get("script"),
+                request.get("script_path"),
+                force=bool(request.get("force")),
+                grace=float(request.get("grace", jobs.GRACE_S)),
+            )
+        if mode == "finish":
+            return jobs.finish_job(registry, request["job_id"])
+        return {"error": f"unknown request {mode!r}"}
+    except (OSError, ValueError, jobs.RegistryError) as e:
+        return {"error": str(e)}
+
+
+def main(request: dict[str, Any], pending: bytes = b"") -> int:
+    """Entry point of the bootstrap that `spawn.py` sends: serve one request, return exit code."""
+    if request.get("mode") == "run":
+        return run_rank(request, pending)
+    result = serve(request)
+    sys.stdout.write(json.dumps(result) + "\n")
+    sys.stdout.flush()
+    return 1 if isinstance(result, dict) and "error" in result else 0

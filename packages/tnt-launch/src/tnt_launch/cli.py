@@ -1,0 +1,404 @@
+"""The `tnt-launch` command: arguments to a LaunchConfig, then cleanup, dry run or launch."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import secrets
+import shlex
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn
+
+from rich.console import Console
+
+from tnt_launch import __version__, _agent, jobs
+from tnt_launch.config import (
+    LOG_LEVELS,
+    RESERVED_ENV,
+    TRANSPORTS,
+    LaunchConfig,
+    LaunchError,
+    UsageError,
+)
+from tnt_launch.display import render_plan
+from tnt_launch.hosts import Host, resolve_hosts
+from tnt_launch.plan import HostFacts, JobIdentity, Plan, RankSpec, build_plan
+from tnt_launch.spawn import SshSettings, query_hosts, registry_override
+from tnt_launch.supervise import Supervisor
+
+USAGE = "tnt-launch [options] -- SCRIPT [ARGS ...]"
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_PROBE_TIMEOUT_S = 60.0
+_FINISH_TIMEOUT_S = 20.0
+
+DESCRIPTION = """\
+Start a tnt job: SCRIPT runs once per rank, with the environment that tnt_keras and tnt_comm
+read to find each other. Ranks run on this host (-n) or on the hosts of a hostfile or Slurm
+allocation, reached over ssh. Only rank 0's output is shown unless --output-on-all-devices is
+given; the first rank to fail stops the job, and tnt-launch exits with its status.
+"""
+
+EPILOG = """\
+examples:
+  tnt-launch -n 4 -- train.py --epochs 3
+  tnt-launch --hostfile hosts --n-per-node 2 --no-gpu -- train.py
+  tnt-launch --hostfile hosts --npernode 2 --pin-to-socket -x DATASET=/scratch/data -- train.py
+  tnt-launch --hostfile hosts --dry-run -- train.py
+  tnt-launch --hostfile hosts --cleanup -- train.py
+
+environment:
+  TNT_SSH_OPTS         extra ssh options for reaching other hosts, e.g. "-i ~/.ssh/tnt -l alice"
+  TNT_LAUNCH_REGISTRY  folder of the job registry on every host (default /tmp/tnt-launch-UID)
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
+    return int(text)
+
+
+def _non_negative_int(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return int(text)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port (1-65535), got {text!r}")
+    return int(text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="tnt-launch",
+        usage=USAGE,
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    parser.add_argument("--version", action="version", version=f"tnt-launch {__version__}")
+
+    single = parser.add_argument_group("single-host execution")
+    single.add_argument("-n", dest="nprocs", type=_positive_int, metavar="N",
+                        help="start N ranks on this host (default: one per GPU, else one)")
+
+    multi = parser.add_argument_group("multi-host execution")
+    multi.add_argument("--hostfile", metavar="FILE",
+                       help="run on the hosts listed in FILE, one 'HOST' or 'HOST slots=K' a "
+                            "line; inside a Slurm allocation its nodes are used by default")
+    multi.add_argument("--n-per-node", "--devices-per-node", "--npernode", dest="n_per_node",
+                       type=_positive_int, metavar="N",
+                       help="start N ranks on every host (default: the host's slots, else one "
+                            "per GPU, else one)")
+    multi.add_argument("--ssh-port", type=_port, metavar="PORT",
+                       help="port of the ssh servers of the other hosts")
+
+    devices = parser.add_argument_group("devices and pinning")
+    devices.add_argument("--no-gpu", action="store_true",
+                         help="run every rank on CPUs, even where GPUs are found")
+    devices.add_argument("--pin-to-socket", action="store_true",
+                         help="bind each rank to the CPUs of one NUMA node (socket) with numactl, "
+                              "preferring that node's memory")
+    devices.add_argument("--pin-memory-to-socket", action="store_true",
+                         help="bind each rank's memory to one NUMA node with numactl")
+
+    logging = parser.add_argument_group("logging and output")
+    logging.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, default="WARNING",
+                         help="log level of the tnt libraries (default: %(default)s)")
+    logging.add_argument("--log-on-all-devices", action="store_true",
+                         help="let every rank log, not only rank 0")
+    logging.add_argument("--output-on-all-devices", action="store_true",
+                         help="show the output of every rank, each line prefixed '[rank N]', "
+                              "and let every rank print training progress")
+    logging.add_argument("--output-dir", metavar="DIR",
+                         help="also write each rank's output to DIR/rank-N.out and DIR/rank-N.err")
+
+    runtime = parser.add_argument_group("runtime settings")
+    runtime.add_argument("--fusion-threshold", dest="fusion_threshold_kb",
+                         type=_non_negative_int, metavar="KB",
+                         help="smallest size of a gradient fusion bucket in KiB; 0 sends each "
+                              "tensor alone (default: the library's, 32)")
+    runtime.add_argument("--transport", choices=TRANSPORTS, default="auto",
+                         help="how ranks exchange data (default: %(default)s: shared memory on a "
+                              "host, TCP between hosts)")
+    runtime.add_argument("--timeout", dest="timeout_s", type=_positive_float, metavar="SECONDS",
+                         help="give up on a collective operation after SECONDS (default: the "
+                              "library's)")
+    runtime.add_argument("-x", dest="exports", action="extend", nargs="+", default=[],
+                         metavar="KEY=VALUE",
+                         help="export KEY=VALUE (or KEY with its current value) to every rank; "
+                              "repeatable, applied in order")
+    runtime.add_argument("--python-interpreter", default=sys.executable, metavar="COMMAND",
+                         help="command that runs SCRIPT, may include arguments; '' runs SCRIPT "
+                              "as an executable (default: %(default)s)")
+
+    control = parser.add_argument_group("job control")
+    control.add_argument("--dry-run", action="store_true",
+                         help="print every rank's host, device, pinning, command and environment, "
+                              "then exit without starting anything")
+    control.add_argument("--cleanup", action="store_true",
+                         help="stop the processes of earlier tnt-launch jobs of this user on the "
+                              "job's hosts (only those running SCRIPT, when given)")
+    control.add_argument("--force", action="store_true",
+                         help="with --cleanup: kill at once (SIGKILL) instead of SIGTERM first")
+    return parser
+
+
+def _parse_exports(items: Sequence[str], environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    exports = []
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not _ENV_NAME.match(name):
+            raise UsageError(
+                f"-x {item}: expected KEY=VALUE or KEY (put the script after '--': {USAGE})"
+            )
+        if name in RESERVED_ENV:
+            hint = (
+                "set CUDA_VISIBLE_DEVICES in tnt-launch's own environment to choose GPUs"
+                if name == "CUDA_VISIBLE_DEVICES"
+                else "tnt-launch sets it for every rank"
+            )
+            raise UsageError(f"-x {name}: {hint}")
+        if not eq:
+            if name not in environ:
+                raise UsageError(f"-x {name}: {name} is not set here; use -x {name}=VALUE")
+            value = environ[name]
+        exports.append((name, value))
+    return tuple(exports)
+
+
+def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> LaunchConfig:
+    """Turn tnt-launch's arguments into a LaunchConfig; raises UsageError for bad ones."""
+    environ = os.environ if environ is None else environ
+    argv = list(argv)
+    if "--" in argv:
+        at = argv.index("--")
+        options, command = argv[:at], argv[at + 1 :]
+    else:
+        options, command = argv, []
+    args, stray = build_parser().parse_known_args(options)
+    if stray:
+        word = stray[0]
+        if word.startswith("-"):
+            raise UsageError(f"unrecognized option {word}")
+        raise UsageError(f"unexpected argument {word!r}: put the script after '--': {USAGE}")
+
+    if args.nprocs is not None and args.n_per_node is not None:
+        raise UsageError("-n and --n-per-node cannot be combined: -n N starts N ranks on this "
+                         "host, --n-per-node N starts N ranks on every host")
+    if args.nprocs is not None and args.hostfile is not None:
+        raise UsageError("-n starts ranks on this host only; with --hostfile use --n-per-node")
+    if args.force and not args.cleanup:
+        raise UsageError("--force only applies to --cleanup")
+    if args.cleanup and args.dry_run:
+        raise UsageError("--dry-run cannot be combined with --cleanup")
+    if not command and not args.cleanup:
+        raise UsageError(f"no script given: {USAGE}")
+
+    try:
+        interpreter = tuple(shlex.split(args.python_interpreter))
+        ssh_options = tuple(shlex.split(environ.get("TNT_SSH_OPTS", "")))
+    except ValueError as e:
+        raise UsageError(f"cannot split --python-interpreter or TNT_SSH_OPTS: {e}") from None
+
+    return LaunchConfig(
+        script=command[0] if command else None,
+        script_args=tuple(command[1:]),
+        nprocs=args.nprocs,
+        hostfile=args.hostfile,
+        n_per_node=args.n_per_node,
+        no_gpu=args.no_gpu,
+        pin_to_socket=args.pin_to_socket,
+        pin_memory_to_socket=args.pin_memory_to_socket,
+        log_level=args.log_level,
+        log_on_all_devices=args.log_on_all_devices,
+        output_on_all_devices=args.output_on_all_devices,
+        output_dir=args.output_dir,
+        fusion_threshold_kb=args.fusion_threshold_kb,
+        timeout_s=args.timeout_s,
+        transport=args.transport,
+        exports=_parse_exports(args.exports, environ),
+        python_interpreter=interpreter,
+        dry_run=args.dry_run,
+        cleanup=args.cleanup,
+        force=args.force,
+        ssh_port=args.ssh_port,
+        ssh_options=ssh_options,
+        cwd=os.getcwd(),
+    )
+
+
+def _script_path(config: LaunchConfig) -> str | None:
+    if config.script is None:
+        return None
+    return os.path.realpath(os.path.join(config.cwd, config.script))
+
+
+def _check_script(config: LaunchConfig, hosts: Sequence[Host]) -> None:
+    """Fail early on a script that is not there, where that can be seen from here."""
+    script = config.script
+    assert script is not None
+    if script.startswith("-") or not any(h.local for h in hosts):
+        return
+    path = os.path.join(config.cwd, script)
+    if config.python_interpreter:
+        if not os.path.isfile(path):
+            raise UsageError(f"script {script} not found in {config.cwd}")
+    elif "/" in script and not os.access(path, os.X_OK):
+        raise UsageError(f"{script} is not an executable file")
+
+
+def _probe(
+    config: LaunchConfig, hosts: Sequence[Host], ssh: SshSettings
+) -> tuple[dict[str, HostFacts], int, list[str]]:
+    """Facts about every host and a free port on the first; with --dry-run other hosts are not
+    contacted and are assumed to look like this one."""
+    if config.dry_run:
+        here = _agent.probe({"want_port": True})
+        facts = HostFacts.from_probe(here)
+        assumed = [h.name for h in hosts if not h.local]
+        return {h.name: facts for h in hosts}, int(here["port"]), assumed
+    first = hosts[0].name
+    answers = query_hosts(
+        hosts, ssh, lambda h: {"mode": "probe", "want_port": h.name == first}, _PROBE_TIMEOUT_S
+    )
+    errors = [str(error) for _, _, error in answers if error is not None]
+    if errors:
+        raise LaunchError("; ".join(errors))
+    facts = {host.name: HostFacts.from_probe(result) for host, result, _ in answers}
+    return facts, int(answers[0][1]["port"]), []
+
+
+def _rank_request(config: LaunchConfig, plan: Plan, spec: RankSpec) -> dict[str, Any]:
+    return {
+        "mode": "run",
+        "rank": spec.rank,
+        "job_id": plan.job_id,
+        "cwd": config.cwd,
+        "env": spec.env,
+        "argv": list(spec.argv),
+        "registry": registry_override(),
+        "grace": jobs.GRACE_S,
+        "script": config.script,
+        "script_path": _script_path(config),
+    }
+
+
+def _finish(plan: Plan, ssh: SshSettings) -> None:
+    """Remove what the job may have left on its hosts (processes, registry entries, /dev/shm)."""
+    hosts = [Host("localhost", local=True)] + [h for h in plan.hosts if not h.local]
+    answers = query_hosts(
+        hosts,
+        ssh,
+        lambda _: {"mode": "finish", "job_id": plan.job_id, "registry": registry_override()},
+        _FINISH_TIMEOUT_S,
+    )
+    for host, _, error in answers:
+        if error is not None:
+            print(f"tnt-launch: warning: could not tidy up after the job on {host.name}: {error}",
+                  file=sys.stderr)
+
+
+def launch(config: LaunchConfig) -> int:
+    hosts = resolve_hosts(config)
+    ssh = SshSettings(config.ssh_port, config.ssh_options)
+    if not config.dry_run:
+        _check_script(config, hosts)
+    facts, port, assumed = _probe(config, hosts, ssh)
+    identity = JobIdentity(secrets.token_hex(6), secrets.token_hex(16), port)
+    plan = build_plan(config, hosts, facts, identity, os.environ)
+    for warning in plan.warnings:
+        print(f"tnt-launch: warning: {warning}", file=sys.stderr)
+    if config.dry_run:
+        render_plan(plan, Console(), assumed)
+        return 0
+    if config.output_dir is not None:
+        try:
+            os.makedirs(config.output_dir, exist_ok=True)
+        except OSError as e:
+            message = f"cannot create --output-dir {config.output_dir}: {e.strerror}"
+            raise LaunchError(message) from None
+
+    registry = jobs.registry_dir(registry_override())
+    entry = jobs.write_entry(
+        registry,
+        f"{plan.job_id}.launcher.json",
+        {
+            "job_id": plan.job_id,
+            "role": "launcher",
+            "script": config.script,
+            "script_path": _script_path(config),
+            "processes": [jobs.process_entry(os.getpid())],
+        },
+    )
+    try:
+        supervisor = Supervisor(plan, config, ssh, lambda spec: _rank_request(config, plan, spec))
+        return supervisor.run()
+    finally:
+        _finish(plan, ssh)
+        jobs.remove_entry(entry)
+
+
+def cleanup(config: LaunchConfig) -> int:
+    hosts = resolve_hosts(config)
+    ssh = SshSettings(config.ssh_port, config.ssh_options)
+    request = {
+        "mode": "cleanup",
+        "script": config.script,
+        "script_path": _script_path(config),
+        "force": config.force,
+        "registry": registry_override(),
+        "grace": jobs.GRACE_S,
+    }
+    failed = False
+    for host, stopped, error in query_hosts(hosts, ssh, lambda _: request, jobs.GRACE_S + 60):
+        if error is not None:
+            print(f"tnt-launch: error: {error}", file=sys.stderr)
+            failed = True
+        elif not stopped:
+            print(f"{host.name}: no running tnt-launch jobs"
+                  + (f" of {config.script}" if config.script else ""))
+        for job in stopped or ():
+            print(f"{host.name}: stopped job {job['job_id']} ({job['script']}, "
+                  f"{job['processes']} process(es))")
+    return 1 if failed else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `tnt-launch` command."""
+    try:
+        config = parse_args(sys.argv[1:] if argv is None else argv)
+        return cleanup(config) if config.cleanup else launch(config)
+    except LaunchError as e:
+        print(f"tnt-launch: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except jobs.RegistryError as e:
+        print(f"tnt-launch: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("tnt-launch: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

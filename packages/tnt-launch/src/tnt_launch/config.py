@@ -1,0 +1,67 @@
+"""The plain configuration of one tnt-launch invocation, and the errors shown to users."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TRANSPORTS = ("auto", "shm", "tcp", "gpi2")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+# Variables tnt-launch computes for every rank; `-x` may not set them.
+RESERVED_ENV = (
+    "TNT_RANK",
+    "TNT_SIZE",
+    "TNT_LOCAL_RANK",
+    "TNT_LOCAL_SIZE",
+    "TNT_NODE_RANK",
+    "TNT_MASTER_ADDR",
+    "TNT_MASTER_PORT",
+    "TNT_JOB_ID",
+    "TNT_JOB_TOKEN",
+    "CUDA_VISIBLE_DEVICES",
+)
+
+
+class LaunchError(Exception):
+    """A problem the user can fix. Printed as one line; `exit_code` is tnt-launch's status."""
+
+    exit_code = 1
+
+
+class UsageError(LaunchError):
+    """The command line itself is wrong."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Everything the command line says, with defaults applied and combinations checked."""
+
+    script: str | None = None
+    script_args: tuple[str, ...] = ()
+    nprocs: int | None = None
+    hostfile: str | None = None
+    n_per_node: int | None = None
+    no_gpu: bool = False
+    pin_to_socket: bool = False
+    pin_memory_to_socket: bool = False
+    log_level: str = "WARNING"
+    log_on_all_devices: bool = False
+    output_on_all_devices: bool = False
+    output_dir: str | None = None
+    fusion_threshold_kb: int | None = None
+    timeout_s: float | None = None
+    transport: str = "auto"
+    exports: tuple[tuple[str, str], ...] = ()
+    python_interpreter: tuple[str, ...] = ()
+    dry_run: bool = False
+    cleanup: bool = False
+    force: bool = False
+    ssh_port: int | None = None
+    ssh_options: tuple[str, ...] = ()
+    cwd: str = "."
+
+    @property
+    def pinning(self) -> bool:
+        return self.pin_to_socket or self.pin_memory_to_socket

@@ -1,0 +1,286 @@
+"""From a launch configuration to one specification per rank: the plan `--dry-run` prints.
+
+`build_plan` is a pure function: everything it needs about the hosts (their GPUs, CPUs, NUMA nodes)
+and about the job (its id, token and master port) comes in as arguments, so it can be tested and
+printed without starting or contacting anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tnt_launch.config import LaunchConfig, LaunchError
+from tnt_launch.hosts import Host, is_loopback
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS")
+
+# What ranks on other hosts get from tnt-launch's own environment (ranks on this host inherit all
+# of it): where the software is, and the settings of the libraries a training script uses.
+CARRIED_VARIABLES = (
+    "PATH",
+    "PYTHONPATH",
+    "LD_LIBRARY_PATH",
+    "VIRTUAL_ENV",
+    "CONDA_PREFIX",
+    "CONDA_DEFAULT_ENV",
+    "LANG",
+    "LC_ALL",
+)
+CARRIED_PREFIXES = ("TNT_", "TF_", "OMP_", "KMP_", "XLA_", "NCCL_", "PYTHON")
+NOT_CARRIED = ("TNT_SSH_OPTS", "TNT_LAUNCH_REGISTRY")
+
+
+class PlanError(LaunchError):
+    """The configuration cannot be carried out on these hosts."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What a job needs to know about one host."""
+
+    gpus: tuple[str, ...] = ()
+    cpus: int = 1
+    numa_nodes: tuple[tuple[int, int], ...] = ()
+    """(node id, number of CPUs) of each NUMA node that has CPUs."""
+    has_numactl: bool = False
+
+    @classmethod
+    def from_probe(cls, probe: Mapping[str, Any]) -> HostFacts:
+        return cls(
+            gpus=tuple(str(g) for g in probe.get("gpus", ())),
+            cpus=max(1, int(probe.get("cpus", 1))),
+            numa_nodes=tuple((int(n), int(c)) for n, c in probe.get("numa", ())),
+            has_numactl=bool(probe.get("numactl")),
+        )
+
+
+@dataclass(frozen=True)
+class JobIdentity:
+    job_id: str
+    token: str
+    master_port: int
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """Everything about starting one rank."""
+
+    rank: int
+    host: str
+    local: bool
+    node_rank: int
+    local_rank: int
+    local_size: int
+    gpu: str | None
+    numa_node: int | None
+    pinning: str
+    threads: int
+    env: dict[str, str]
+    argv: tuple[str, ...]
+
+    @property
+    def device(self) -> str:
+        return f"GPU {self.gpu}" if self.gpu is not None else "CPU"
+
+
+@dataclass(frozen=True)
+class Plan:
+    ranks: tuple[RankSpec, ...]
+    hosts: tuple[Host, ...]
+    job_id: str
+    master_addr: str
+    master_port: int
+    warnings: tuple[str, ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+
+def _flag(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def _carried(environ: Mapping[str, str]) -> dict[str, str]:
+    return {
+        name: value
+        for name, value in environ.items()
+        if (name in CARRIED_VARIABLES or name.startswith(CARRIED_PREFIXES))
+        and name not in NOT_CARRIED
+    }
+
+
+def _ranks_per_host(config: LaunchConfig, host: Host, facts: HostFacts) -> int:
+    if config.nprocs is not None:
+        return config.nprocs
+    if config.n_per_node is not None:
+        return config.n_per_node
+    if host.slots is not None:
+        return host.slots
+    if not config.no_gpu and facts.gpus:
+        return len(facts.gpus)
+    return 1
+
+
+def _pinning(
+    config: LaunchConfig, host: Host, facts: HostFacts, count: int
+) -> tuple[tuple[int, int], ...]:
+    flag = "--pin-to-socket" if config.pin_to_socket else "--pin-memory-to-socket"
+    if not facts.has_numactl:
+        raise PlanError(
+            f"{flag} needs numactl, which is not installed on host {host.name} "
+            "(Debian/Ubuntu: apt-get install numactl)"
+        )
+    nodes = facts.numa_nodes
+    if not nodes:
+        raise PlanError(f"{flag}: host {host.name} reports no NUMA nodes with CPUs")
+    if count > len(nodes):
+        raise PlanError(
+            f"{flag}: {count} ranks on host {host.name}, which has only {len(nodes)} NUMA "
+            f"node(s); start at most {len(nodes)} rank(s) per host or leave out {flag}"
+        )
+    return nodes
+
+
+def build_plan(
+    config: LaunchConfig,
+    hosts: Sequence[Host],
+    facts: Mapping[str, HostFacts],
+    identity: JobIdentity,
+    environ: Mapping[str, str],
+) -> Plan:
+    """Decide every rank's host, local rank, device, pinning, environment and command.
+
+    Ranks are numbered host by host, in the order the hosts are listed. A host runs `-n` or
+    `--n-per-node` ranks if given, else its hostfile slots, else one per GPU, else one. Unless
+    `--no-gpu` is given, ranks use one GPU each when every host has a GPU for each of its ranks;
+    otherwise all ranks run on CPUs, with a warning. Raises PlanError when pinning is asked for
+    and cannot be done.
+    """
+    if config.script is None:
+        raise PlanError("no script given")
+    counts = [_ranks_per_host(config, h, facts[h.name]) for h in hosts]
+    size = sum(counts)
+    warnings = []
+
+    use_gpus = False
+    if not config.no_gpu:
+        short = [(h, n) for h, n in zip(hosts, counts) if len(facts[h.name].gpus) < n]
+        use_gpus = not short
+        if short:
+            details = "; ".join(
+                f"{h.name} has {len(facts[h.name].gpus)} GPU(s) for {n} rank(s)"
+                if facts[h.name].gpus
+                else f"no GPUs found on {h.name}"
+                for h, n in short
+            )
+            warnings.append(
+                f"running all ranks on CPUs: {details} (--no-gpu runs on CPUs without this warning)"
+            )
+
+    if all(h.local for h in hosts):
+        master_addr = "127.0.0.1"
+    else:
+        master_addr = hosts[0].name
+        if is_loopback(master_addr) and not all(is_loopback(h.name) for h in hosts):
+            raise PlanError(
+                f"the first host, {master_addr!r}, hosts rank 0, but ranks on other hosts cannot "
+                "reach it by that name: list it by a name or address the other hosts can reach"
+            )
+
+    user_set = set(environ) | {name for name, _ in config.exports}
+    carried = _carried(environ)
+    interpreter = list(config.python_interpreter)
+
+    ranks = []
+    rank = 0
+    for node_rank, (host, count) in enumerate(zip(hosts, counts)):
+        host_facts = facts[host.name]
+        nodes = _pinning(config, host, host_facts, count) if config.pinning else ()
+        for local_rank in range(count):
+            gpu = host_facts.gpus[local_rank] if use_gpus else None
+            numa_node = None
+            pin_argv: list[str] = []
+            pinning = "-"
+            threads = max(1, host_facts.cpus // count)
+            if nodes:
+                numa_node, node_cpus = nodes[local_rank % len(nodes)]
+                pin_argv = ["numactl"]
+                what = []
+                if config.pin_to_socket:
+                    pin_argv.append(f"--cpunodebind={numa_node}")
+                    what.append("cpus")
+                    threads = node_cpus
+                if config.pin_memory_to_socket:
+                    pin_argv.append(f"--membind={numa_node}")
+                    what.append("memory bound")
+                else:
+                    pin_argv.append(f"--preferred={numa_node}")
+                    what.append("memory preferred")
+                pinning = f"NUMA node {numa_node}: " + ", ".join(what)
+
+            env = {} if host.local else dict(carried)
+            env.update(
+                {
+                    "TNT_RANK": str(rank),
+                    "TNT_SIZE": str(size),
+                    "TNT_LOCAL_RANK": str(local_rank),
+                    "TNT_LOCAL_SIZE": str(count),
+                    "TNT_NODE_RANK": str(node_rank),
+                    "TNT_MASTER_ADDR": master_addr,
+                    "TNT_MASTER_PORT": str(identity.master_port),
+                    "TNT_JOB_ID": identity.job_id,
+                    "TNT_JOB_TOKEN": identity.token,
+                    "TNT_TRANSPORT": config.transport,
+                }
+            )
+            if config.fusion_threshold_kb is not None:
+                env["TNT_FUSION_THRESHOLD_KB"] = str(config.fusion_threshold_kb)
+            if config.timeout_s is not None:
+                env["TNT_TIMEOUT_S"] = f"{config.timeout_s:g}"
+            env["TNT_LOG_LEVEL"] = config.log_level
+            env["TNT_LOG_ON_ALL_DEVICES"] = _flag(config.log_on_all_devices)
+            env["TNT_OUTPUT_ON_ALL_DEVICES"] = _flag(config.output_on_all_devices)
+            env["TNT_TENSORBOARD_ON_ALL_DEVICES"] = environ.get(
+                "TNT_TENSORBOARD_ON_ALL_DEVICES", "false"
+            )
+            # An empty list hides every GPU, so CPU ranks stay on CPUs.
+            env["CUDA_VISIBLE_DEVICES"] = gpu if gpu is not None else ""
+            for name in THREAD_VARIABLES:
+                if name not in user_set:
+                    env[name] = str(threads)
+            if "PYTHONUNBUFFERED" not in user_set:
+                env["PYTHONUNBUFFERED"] = "1"
+            env.update(config.exports)
+
+            argv = (*pin_argv, *interpreter, config.script, *config.script_args)
+            ranks.append(
+                RankSpec(
+                    rank=rank,
+                    host=host.name,
+                    local=host.local,
+                    node_rank=node_rank,
+                    local_rank=local_rank,
+                    local_size=count,
+                    gpu=gpu,
+                    numa_node=numa_node,
+                    pinning=pinning,
+                    threads=threads,
+                    env=env,
+                    argv=argv,
+                )
+            )
+            rank += 1
+
+    return Plan(
+        ranks=tuple(ranks),
+        hosts=tuple(hosts),
+        job_id=identity.job_id,
+        master_addr=master_addr,
+        master_port=identity.master_port,
+        warnings=tuple(warnings),
+    )

@@ -1,0 +1,499 @@
+"""Running a planned job: output streaming, failure propagation, signals, and the final summary.
+
+One thread watches every rank's agent through a selector. The first rank that exits non-zero or
+dies by a signal brings the job down: every other agent is told to stop its rank (SIGTERM, then
+SIGKILL after the grace period), and tnt-launch exits with the failed rank's status after printing
+a summary that names it. SIGINT (Ctrl+C), SIGTERM and SIGHUP to tnt-launch stop the job the same
+way; a second one kills the ranks at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+import psutil
+
+from tnt_launch import jobs
+from tnt_launch._agent import MARKER
+from tnt_launch.config import LaunchConfig
+from tnt_launch.hosts import Host
+from tnt_launch.plan import Plan, RankSpec
+from tnt_launch.spawn import SshSettings, start_agent
+
+TAIL_LINES = 20
+_MARKER = MARKER.encode()
+_HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@dataclass(frozen=True)
+class RankStatus:
+    code: int | None
+    signal: int | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.code == 0 and self.error is None
+
+    @property
+    def exit_code(self) -> int:
+        if self.code is not None:
+            return self.code
+        return 128 + (self.signal or 0)
+
+    def describe(self) -> str:
+        if self.error is not None:
+            return f"failed: {self.error} (exit code {self.exit_code})"
+        if self.signal is not None:
+            return f"was killed by signal {self.signal} ({_signal_name(self.signal)})"
+        return f"exited with code {self.code}"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+class _Output:
+    """Where a rank's two streams go: tnt-launch's own stdout/stderr and/or files."""
+
+    def __init__(self, out: BinaryIO, err: BinaryIO) -> None:
+        self._targets = {"out": out, "err": err}
+        self._broken: set[str] = set()
+
+    def write(self, stream: str, data: bytes) -> None:
+        if stream in self._broken or not data:
+            return
+        target = self._targets[stream]
+        try:
+            target.write(data)
+            target.flush()
+        except (BrokenPipeError, ValueError, OSError):
+            # Whoever reads our output has gone away; the job carries on.
+            self._broken.add(stream)
+
+
+class _Stream:
+    def __init__(self, run: _RankRun, name: str, fd: int) -> None:
+        self.run = run
+        self.name = name
+        self.fd = fd
+        self.partial = b""
+        self.open = True
+
+
+class _RankRun:
+    """One rank's agent process and what has been seen of it."""
+
+    def __init__(self, spec: RankSpec, proc: subprocess.Popen[bytes] | None) -> None:
+        self.spec = spec
+        self.proc = proc
+        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self.reported: dict[str, Any] | None = None
+        self.status: RankStatus | None = None
+        self.exited_at: float | None = None
+        self.stop_sent = False
+        self.failed_on_its_own = False
+        self.files: dict[str, BinaryIO] = {}
+        self.streams: list[_Stream] = []
+
+    @property
+    def running(self) -> bool:
+        return self.status is None
+
+    def send(self, command: bytes) -> None:
+        if self.proc is None or self.proc.stdin is None or self.proc.stdin.closed:
+            return
+        try:
+            self.proc.stdin.write(command)
+            self.proc.stdin.flush()
+        except (BrokenPipeError, ValueError, OSError):
+            pass
+
+    def close_stdin(self) -> None:
+        if self.proc is not None and self.proc.stdin is not None:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+
+    def kill(self) -> None:
+        """Last resort: kill the agent, and with a local agent everything under it."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        targets = []
+        if self.spec.local:
+            try:
+                targets = psutil.Process(self.proc.pid).children(recursive=True)
+            except psutil.Error:
+                targets = []
+        self.proc.kill()
+        for child in targets:
+            try:
+                child.kill()
+            except psutil.Error:
+                pass
+
+
+class Supervisor:
+    """Starts the ranks of `plan` and watches them until the job has ended."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        config: LaunchConfig,
+        ssh: SshSettings,
+        make_request: Callable[[RankSpec], dict[str, Any]],
+        out: BinaryIO | None = None,
+        err: BinaryIO | None = None,
+        grace: float = jobs.GRACE_S,
+    ) -> None:
+        self.plan = plan
+        self.config = config
+        self.ssh = ssh
+        self.make_request = make_request
+        self.output = _Output(out or sys.stdout.buffer, err or sys.stderr.buffer)
+        self.grace = grace
+        self.runs: list[_RankRun] = []
+        self.selector = selectors.DefaultSelector()
+        self.first_failure: _RankRun | None = None
+        self.received_signal: int | None = None
+        self.stopping = False
+        self.kill_at: float | None = None
+        self.abandon_at: float | None = None
+        self.abandoned: list[_RankRun] = []
+        self._pending_signals: list[int] = []
+        self._wakeup: tuple[int, int] | None = None
+
+    # -- messages ---------------------------------------------------------------------------
+
+    def _say(self, text: str) -> None:
+        self.output.write("err", f"tnt-launch: {text}\n".encode())
+
+    def _where(self, run: _RankRun) -> str:
+        spec = run.spec
+        return f"rank {spec.rank} (host {spec.host}, local rank {spec.local_rank})"
+
+    # -- starting ---------------------------------------------------------------------------
+
+    def _open_files(self, run: _RankRun) -> None:
+        if self.config.output_dir is None:
+            return
+        for stream, suffix in (("out", "out"), ("err", "err")):
+            path = os.path.join(self.config.output_dir, f"rank-{run.spec.rank}.{suffix}")
+            run.files[stream] = open(path, "wb")  # noqa: SIM115 - closed when the stream ends
+
+    def _start(self, spec: RankSpec) -> None:
+        host = Host(spec.host, local=spec.local)
+        try:
+            proc = start_agent(host, self.ssh, self.make_request(spec))
+        except OSError as e:
+            run = _RankRun(spec, None)
+            self.runs.append(run)
+            self._finish(run, RankStatus(127, error=f"cannot start its agent: {e.strerror}"))
+            return
+        run = _RankRun(spec, proc)
+        self.runs.append(run)
+        self._open_files(run)
+        assert proc.stdout is not None and proc.stderr is not None
+        for name, pipe in (("out", proc.stdout), ("err", proc.stderr)):
+            stream = _Stream(run, name, pipe.fileno())
+            run.streams.append(stream)
+            os.set_blocking(stream.fd, False)
+            self.selector.register(stream.fd, selectors.EVENT_READ, stream)
+
+    # -- output -----------------------------------------------------------------------------
+
+    def _live(self, run: _RankRun) -> bool:
+        return self.config.output_on_all_devices or run.spec.rank == 0
+
+    def _prefix(self, run: _RankRun) -> bytes:
+        return f"[rank {run.spec.rank}] ".encode() if self.config.output_on_all_devices else b""
+
+    def _on_data(self, stream: _Stream, data: bytes) -> None:
+        run = stream.run
+        if stream.name == "out" and not self.config.output_on_all_devices:
+            # Passed through as it comes, so progress bars and prompts show at once.
+            if "out" in run.files:
+                run.files["out"].write(data)
+            if self._live(run):
+                self.output.write("out", data)
+            return
+        lines = (stream.partial + data).split(b"\n")
+        stream.partial = lines.pop()
+        for line in lines:
+            self._on_line(stream, line + b"\n")
+
+    def _on_line(self, stream: _Stream, line: bytes) -> None:
+        run = stream.run
+        if stream.name == "err":
+            at = line.find(_MARKER)
+            if at >= 0:
+                self._on_report(run, line[at + len(_MARKER) :])
+                line = line[:at]
+                if not line:
+                    return
+                line += b"\n"
+            run.tail.append(line.decode(errors="replace").rstrip("\n"))
+        if stream.name in run.files:
+            run.files[stream.name].write(line)
+        if self._live(run):
+            self.output.write(stream.name, self._prefix(run) + line)
+
+    def _on_report(self, run: _RankRun, payload: bytes) -> None:
+        try:
+            run.reported = json.loads(payload.decode(errors="replace"))
+        except ValueError:
+            run.reported = None
+
+    def _read(self, stream: _Stream) -> None:
+        try:
+            data = os.read(stream.fd, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            self._on_data(stream, data)
+            return
+        self._close_stream(stream)
+
+    def _close_stream(self, stream: _Stream) -> None:
+        if not stream.open:
+            return
+        stream.open = False
+        if stream.partial:
+            partial, stream.partial = stream.partial, b""
+            if stream.name == "out" and not self.config.output_on_all_devices:
+                self._on_data(stream, partial)
+            else:
+                self._on_line(stream, partial + b"\n")
+        self.selector.unregister(stream.fd)
+        file = stream.run.files.pop(stream.name, None)
+        if file is not None:
+            file.close()
+
+    # -- exits ------------------------------------------------------------------------------
+
+    def _status_of(self, run: _RankRun) -> RankStatus:
+        reported = run.reported
+        if reported is not None:
+            return RankStatus(reported.get("code"), reported.get("signal"), reported.get("error"))
+        assert run.proc is not None
+        code = run.proc.returncode
+        if code < 0:
+            return RankStatus(None, -code, f"its agent was killed by {_signal_name(-code)}")
+        if not run.spec.local and code == 255:
+            last = run.tail[-1] if run.tail else "no message"
+            return RankStatus(255, error=f"ssh to {run.spec.host} failed: {last}")
+        return RankStatus(code, error="its agent ended without reporting the rank's status")
+
+    def _poll_exits(self) -> None:
+        now = time.monotonic()
+        for run in self.runs:
+            if not run.running or run.proc is None:
+                continue
+            if run.proc.poll() is None:
+                continue
+            if run.exited_at is None:
+                run.exited_at = now
+            # Wait for the pipes to drain, unless something the rank left holds them open.
+            if any(s.open for s in run.streams) and now - run.exited_at < 2.0:
+                continue
+            for stream in run.streams:
+                self._close_stream(stream)
+            self._finish(run, self._status_of(run))
+
+    def _finish(self, run: _RankRun, status: RankStatus) -> None:
+        run.status = status
+        run.close_stdin()
+        if status.ok or self.stopping:
+            return
+        run.failed_on_its_own = True
+        if self.first_failure is None:
+            self.first_failure = run
+            others = sum(1 for r in self.runs if r.running) + (
+                self.plan.size - len(self.runs)
+            )
+            self._say(
+                f"{self._where(run)} {status.describe()}; stopping the job"
+                + (f" ({others} other rank(s) still running)" if others else "")
+            )
+            self._stop_all()
+
+    # -- stopping ---------------------------------------------------------------------------
+
+    def _stop_all(self) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        for run in self.runs:
+            if run.running:
+                run.stop_sent = True
+                run.send(b"T")
+        now = time.monotonic()
+        self.kill_at = now + self.grace + 3.0
+        self.abandon_at = self.kill_at + 5.0
+
+    def _kill_all(self) -> None:
+        for run in self.runs:
+            if run.running:
+                run.send(b"K")
+        # Give the agents a moment to kill their ranks themselves, then kill what is left.
+        self.kill_at = time.monotonic() + 1.0
+
+    def _check_deadlines(self) -> None:
+        now = time.monotonic()
+        if self.kill_at is not None and now >= self.kill_at:
+            self.kill_at = None
+            for run in self.runs:
+                if run.running:
+                    run.kill()
+        if self.abandon_at is not None and now >= self.abandon_at:
+            for run in self.runs:
+                if run.running:
+                    self.abandoned.append(run)
+                    for stream in run.streams:
+                        self._close_stream(stream)
+                    run.status = RankStatus(None, error="did not stop")
+
+    # -- signals ----------------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self._pending_signals.append(signum)
+
+    def _install_signals(self) -> dict[int, Any]:
+        previous: dict[int, Any] = {}
+        try:
+            read_fd, write_fd = os.pipe()
+            os.set_blocking(read_fd, False)
+            os.set_blocking(write_fd, False)
+            old_fd = signal.set_wakeup_fd(write_fd)
+            for signum in _HANDLED_SIGNALS:
+                previous[signum] = signal.signal(signum, self._on_signal)
+        except ValueError:  # not the main thread: leave signals alone
+            return previous
+        self._wakeup = (read_fd, write_fd)
+        previous[-1] = old_fd
+        self.selector.register(read_fd, selectors.EVENT_READ, None)
+        return previous
+
+    def _restore_signals(self, previous: dict[int, Any]) -> None:
+        if self._wakeup is None:
+            return
+        signal.set_wakeup_fd(previous.pop(-1))
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        self.selector.unregister(self._wakeup[0])
+        for fd in self._wakeup:
+            os.close(fd)
+        self._wakeup = None
+
+    def _handle_signals(self) -> None:
+        if self._wakeup is not None:
+            try:
+                while os.read(self._wakeup[0], 512):
+                    pass
+            except BlockingIOError:
+                pass
+        while self._pending_signals:
+            signum = self._pending_signals.pop(0)
+            if self.received_signal is None:
+                self.received_signal = signum
+                running = sum(1 for r in self.runs if r.running)
+                self._say(
+                    f"got {_signal_name(signum)}: stopping {running} rank(s) "
+                    "(send it again to kill them at once)"
+                )
+                self._stop_all()
+            else:
+                self._say(f"got {_signal_name(signum)} again: killing the ranks")
+                self._kill_all()
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Run the job to its end and return tnt-launch's exit code."""
+        previous = self._install_signals()
+        try:
+            for spec in self.plan.ranks:
+                self._handle_signals()
+                if self.stopping:
+                    break
+                self._start(spec)
+            while any(run.running for run in self.runs):
+                for key, _ in self.selector.select(timeout=0.1):
+                    if key.data is None:
+                        self._handle_signals()
+                    else:
+                        self._read(key.data)
+                self._handle_signals()
+                self._poll_exits()
+                self._check_deadlines()
+        finally:
+            for run in self.runs:
+                run.close_stdin()
+                for stream in run.streams:
+                    if stream.open:
+                        self._close_stream(stream)
+                if run.proc is not None:
+                    for pipe in (run.proc.stdout, run.proc.stderr):
+                        if pipe is not None:
+                            pipe.close()
+                    if run.proc.poll() is None:
+                        run.kill()
+                        run.proc.wait()
+            self._restore_signals(previous)
+            self.selector.close()
+        return self._summary()
+
+    # -- the end ----------------------------------------------------------------------------
+
+    def _summary(self) -> int:
+        failure = self.first_failure
+        if failure is not None:
+            assert failure.status is not None
+            code = failure.status.exit_code
+            self._say(
+                f"job {self.plan.job_id} failed: {self._where(failure)} "
+                f"{failure.status.describe()}"
+            )
+            others = [r for r in self.runs if r.failed_on_its_own and r is not failure]
+            for run in [failure, *others]:
+                if run is not failure:
+                    assert run.status is not None
+                    self._say(f"{self._where(run)} also {run.status.describe()}")
+                if run.tail:
+                    self._say(f"last lines rank {run.spec.rank} wrote to stderr:")
+                    for line in run.tail:
+                        self.output.write("err", f"    {line}\n".encode())
+                else:
+                    self._say(f"rank {run.spec.rank} wrote nothing to stderr")
+        elif self.received_signal is not None:
+            code = 128 + self.received_signal
+            self._say(
+                f"job {self.plan.job_id} stopped after {_signal_name(self.received_signal)}"
+            )
+        else:
+            code = 0
+        if self.abandoned:
+            names = ", ".join(str(r.spec.rank) for r in self.abandoned)
+            self._say(
+                f"rank(s) {names} did not stop; `tnt-launch --cleanup` stops what is left of them"
+            )
+            code = code or 1
+        if failure is not None:
+            self._say(f"exit code {code}")
+        return code

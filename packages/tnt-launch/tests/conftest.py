@@ -1,0 +1,214 @@
+"""Helpers for running the real tnt-launch command, and a throwaway sshd for multi-host tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+RANK = str(TESTS / "rank_report.py")
+
+
+@dataclass
+class Launcher:
+    """Runs `python -m tnt_launch` with a job registry of its own, so that no test can see or
+    stop jobs that are not its own."""
+
+    env: dict[str, str]
+    cwd: Path
+
+    def argv(self, args: Sequence[str]) -> list[str]:
+        return [sys.executable, "-m", "tnt_launch", *args]
+
+    def run(
+        self, args: Sequence[str], timeout: float = 60, **kw: object
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            self.argv(args), cwd=self.cwd, env=self.env, capture_output=True, text=True,
+            timeout=timeout, check=False, **kw,  # type: ignore[arg-type]
+        )
+
+    def start(self, args: Sequence[str], **kw: object) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            self.argv(args), cwd=self.cwd, env=self.env, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, **kw,  # type: ignore[call-overload]
+        )
+
+
+@pytest.fixture
+def launcher(tmp_path: Path) -> Launcher:
+    env = dict(os.environ)
+    env["TNT_LAUNCH_REGISTRY"] = str(tmp_path / "registry")
+    for name in ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS",
+                 "TNT_SSH_OPTS", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
+        env.pop(name, None)
+    work = tmp_path / "work"
+    work.mkdir()
+    return Launcher(env, work)
+
+
+@pytest.fixture
+def reports(tmp_path: Path) -> Path:
+    path = tmp_path / "reports"
+    path.mkdir()
+    return path
+
+
+def read_reports(folder: Path, count: int, timeout: float = 30) -> list[dict]:
+    """The reports of ranks 0..count-1, waiting for them to appear."""
+    deadline = time.monotonic() + timeout
+    while True:
+        paths = [folder / f"rank-{r}.json" for r in range(count)]
+        if all(p.exists() for p in paths):
+            return [json.loads(p.read_text()) for p in paths]
+        if time.monotonic() > deadline:
+            missing = [p.name for p in paths if not p.exists()]
+            raise AssertionError(f"rank reports missing after {timeout} s: {missing}")
+        time.sleep(0.05)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def processes_of_job(job_id: str) -> list[int]:
+    """PIDs of live processes whose environment says they belong to job `job_id`."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("TNT_JOB_ID") == job_id and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def assert_job_gone(job_id: str, pids: Sequence[int] = (), timeout: float = 10) -> None:
+    """Nothing of the job is left: no process with its TNT_JOB_ID, none of `pids`, no shm file."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = processes_of_job(job_id) + [p for p in pids if _running(p)]
+        shm = list(Path("/dev/shm").glob(f"tnt-{job_id}-*"))
+        if not left and not shm:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"job {job_id} left processes {sorted(set(left))} and files {shm}")
+        time.sleep(0.05)
+
+
+def tree(pid: int) -> list[int]:
+    """`pid` and its descendants right now."""
+    try:
+        proc = psutil.Process(pid)
+        return [pid] + [c.pid for c in proc.children(recursive=True)]
+    except psutil.Error:
+        return [pid]
+
+
+# ---------------------------------------------------------------------------------------------
+# A throwaway ssh server on 127.0.0.1 and 127.0.0.2
+
+
+@dataclass
+class SshServer:
+    port: int
+    options: str
+    """What TNT_SSH_OPTS must say to reach it."""
+
+    def hostfile(self, folder: Path, *lines: str) -> Path:
+        path = folder / "hostfile"
+        path.write_text("\n".join(lines or ("127.0.0.1", "127.0.0.2")) + "\n")
+        return path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]:
+    sshd_bin = "/usr/sbin/sshd"
+    for tool, path in (("sshd", sshd_bin), ("ssh", shutil.which("ssh")),
+                       ("ssh-keygen", shutil.which("ssh-keygen"))):
+        if not path or not os.path.exists(path):
+            reason = f"{tool} is not installed (Debian: apt-get install openssh-server)"
+            print(f"SKIP multi-host tests: {reason}")
+            pytest.skip(reason)
+    folder = tmp_path_factory.mktemp("sshd")
+    for name in ("host_key", "client_key"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(folder / name)],
+                       check=True, capture_output=True)
+    (folder / "authorized_keys").write_text((folder / "client_key.pub").read_text())
+    os.chmod(folder / "authorized_keys", 0o600)
+    port = _free_port()
+    user = psutil.Process().username()
+    config = folder / "sshd_config"
+    config.write_text(
+        f"Port {port}\n"
+        "ListenAddress 127.0.0.1\n"
+        "ListenAddress 127.0.0.2\n"
+        f"HostKey {folder / 'host_key'}\n"
+        f"AuthorizedKeysFile {folder / 'authorized_keys'}\n"
+        f"PidFile {folder / 'sshd.pid'}\n"
+        f"AllowUsers {user}\n"
+        "StrictModes no\n"
+        "PermitRootLogin yes\n"
+        "UsePAM no\n"
+        "PubkeyAuthentication yes\n"
+        "PasswordAuthentication no\n"
+        "KbdInteractiveAuthentication no\n"
+        "X11Forwarding no\n"
+        "MaxStartups 100:30:200\n"
+        "MaxSessions 100\n"
+        "LogLevel ERROR\n"
+    )
+    if os.geteuid() == 0:
+        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
+    log = open(folder / "sshd.log", "w")  # noqa: SIM115
+    server = subprocess.Popen([sshd_bin, "-D", "-e", "-f", str(config)], stdout=log, stderr=log)
+    options = (
+        f"-i {folder / 'client_key'} -F /dev/null -o IdentitiesOnly=yes "
+        "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"
+    )
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            probe = subprocess.run(
+                ["ssh", *options.split(), "-p", str(port), "-o", "BatchMode=yes",
+                 "127.0.0.2", "true"],
+                capture_output=True, text=True, timeout=15, check=False,
+            )
+            if probe.returncode == 0:
+                break
+            if server.poll() is not None or time.monotonic() > deadline:
+                reason = (f"could not start a test sshd: {probe.stderr.strip()} "
+                          f"{(folder / 'sshd.log').read_text().strip()}")
+                print(f"SKIP multi-host tests: {reason}")
+                pytest.skip(reason)
+            time.sleep(0.2)
+        yield SshServer(port, options)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()

@@ -1,0 +1,96 @@
+"""A rank for the tests: reports what it received, then behaves as asked.
+
+It writes REPORT_DIR/rank-<TNT_RANK>.json (environment, argv, working directory, PIDs, the CPUs and
+memory nodes it may use, its NUMA policy), prints one line to stdout and one to stderr, and then
+exits, fails, kills itself or sleeps. Imports nothing of tnt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+
+def _status_field(name: str) -> str:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(name + ":"):
+                return line.split(":", 1)[1].strip()
+    return ""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("report_dir")
+    parser.add_argument("--fail-rank", type=int, default=-1)
+    parser.add_argument("--code", type=int, default=3)
+    parser.add_argument("--kill-rank", type=int, default=-1)
+    parser.add_argument("--sleep", type=float, default=0.0)
+    parser.add_argument("--sleep-rank", type=int, default=-1, help="only this rank sleeps")
+    parser.add_argument("--ignore-sigterm", action="store_true")
+    parser.add_argument("--touch-shm", action="store_true")
+    parser.add_argument("--spawn-child", action="store_true")
+    parser.add_argument("--lines", type=int, default=1)
+    args, rest = parser.parse_known_args()
+
+    rank = int(os.environ["TNT_RANK"])
+    if args.ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    child = None
+    if args.spawn_child:
+        # A grandchild in a session of its own: it escapes the rank's process group.
+        child = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True
+        )
+    shm = None
+    if args.touch_shm:
+        shm = f"/dev/shm/tnt-{os.environ['TNT_JOB_ID']}-test-{rank}"
+        with open(shm, "w") as f:
+            f.write("left behind on purpose")
+    policy = ""
+    if shutil.which("numactl"):
+        policy = subprocess.run(["numactl", "--show"], capture_output=True, text=True, check=False
+        ).stdout
+
+    report = {
+        "env": dict(os.environ),
+        "argv": sys.argv[1:],
+        "rest": rest,
+        "cwd": os.getcwd(),
+        "pid": os.getpid(),
+        "child_pid": child.pid if child else None,
+        "shm": shm,
+        "cpus_allowed": _status_field("Cpus_allowed_list"),
+        "mems_allowed": _status_field("Mems_allowed_list"),
+        "numactl_show": policy,
+    }
+    path = os.path.join(args.report_dir, f"rank-{rank}.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(report, f)
+    os.replace(path + ".tmp", path)
+
+    for i in range(args.lines):
+        print(f"stdout line {i} of rank {rank}")
+    print(f"stderr line of rank {rank}", file=sys.stderr)
+    sys.stdout.flush()
+
+    if rank == args.kill_rank:
+        time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGKILL)
+    if rank == args.fail_rank:
+        time.sleep(0.2)
+        print(f"rank {rank} fails on purpose with code {args.code}", file=sys.stderr)
+        return args.code
+    if args.sleep_rank in (-1, rank):
+        time.sleep(args.sleep)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""The command line: parsing into a LaunchConfig, help, version and one-line errors."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from conftest import Launcher
+
+from tnt_launch import __version__
+from tnt_launch.cli import parse_args
+from tnt_launch.config import UsageError
+
+
+def test_script_and_its_arguments_follow_the_double_dash() -> None:
+    config = parse_args(["-n", "2", "--", "train.py", "--epochs", "3", "-n", "7", "--"], {})
+    assert config.nprocs == 2
+    assert config.script == "train.py"
+    assert config.script_args == ("--epochs", "3", "-n", "7", "--")
+    assert config.python_interpreter == (sys.executable,)
+
+
+def test_options_of_the_reference_cli() -> None:
+    config = parse_args(
+        [
+            "--hostfile", "hosts", "--npernode", "2", "--no-gpu", "--pin-to-socket",
+            "--pin-memory-to-socket", "--log-level", "info", "--log-on-all-devices",
+            "--output-on-all-devices", "--fusion-threshold", "64", "--dry-run",
+            "--", "train.py",
+        ],
+        {},
+    )
+    assert config.hostfile == "hosts" and config.n_per_node == 2
+    assert config.no_gpu and config.pin_to_socket and config.pin_memory_to_socket
+    assert config.log_level == "INFO" and config.log_on_all_devices
+    assert config.output_on_all_devices and config.fusion_threshold_kb == 64 and config.dry_run
+    for alias in ("--n-per-node", "--devices-per-node", "--npernode"):
+        assert parse_args([alias, "3", "--", "t.py"], {}).n_per_node == 3
+
+
+def test_exports_keep_order_spaces_and_equals() -> None:
+    config = parse_args(
+        ["-x", "DATASET=/scratch/data", "TF_CPP_MIN_LOG_LEVEL=1", "-x", "MSG=a b=c ", "-x", "HOME",
+         "EMPTY=", "--", "t.py"],
+        {"HOME": "/home/me"},
+    )
+    assert config.exports == (
+        ("DATASET", "/scratch/data"),
+        ("TF_CPP_MIN_LOG_LEVEL", "1"),
+        ("MSG", "a b=c "),
+        ("HOME", "/home/me"),
+        ("EMPTY", ""),
+    )
+
+
+def test_interpreter_transport_timeout_and_ssh_settings() -> None:
+    config = parse_args(
+        ["--python-interpreter", "valgrind --leak-check=yes python", "--transport", "tcp",
+         "--timeout", "30", "--ssh-port", "2222", "--", "t.py"],
+        {"TNT_SSH_OPTS": "-i '/keys/my key' -l alice"},
+    )
+    assert config.python_interpreter == ("valgrind", "--leak-check=yes", "python")
+    assert config.transport == "tcp" and config.timeout_s == 30.0 and config.ssh_port == 2222
+    assert config.ssh_options == ("-i", "/keys/my key", "-l", "alice")
+    assert parse_args(["--python-interpreter", "", "--", "./a.out"], {}).python_interpreter == ()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["-n", "2", "--n-per-node", "2", "--", "t.py"], "-n and --n-per-node cannot be combined"),
+        (["-n", "2", "--hostfile", "h", "--", "t.py"], "-n starts ranks on this host only"),
+        (["--force", "--", "t.py"], "--force only applies to --cleanup"),
+        (["--cleanup", "--dry-run"], "--dry-run cannot be combined with --cleanup"),
+        (["-n", "2"], "no script given"),
+        (["-n", "2", "--"], "no script given"),
+        (["-n", "2", "t.py"], "unexpected argument 't.py': put the script after '--'"),
+        (["-n", "0", "--", "t.py"], "argument -n: expected a positive whole number, got '0'"),
+        (["--fusion-threshold", "-1", "--", "t.py"], "argument --fusion-threshold: expected"),
+        (["--timeout", "0", "--", "t.py"], "argument --timeout: expected a positive number"),
+        (["--transport", "mpi", "--", "t.py"], "argument --transport: invalid choice: 'mpi'"),
+        (["--log-level", "loud", "--", "t.py"], "argument --log-level: invalid choice: 'LOUD'"),
+        (["-x", "train.py", "--", "t.py"], "-x train.py: expected KEY=VALUE or KEY"),
+        (["-x", "TNT_RANK=3", "--", "t.py"], "-x TNT_RANK: tnt-launch sets it for every rank"),
+        (["-x", "CUDA_VISIBLE_DEVICES=1", "--", "t.py"], "-x CUDA_VISIBLE_DEVICES: set"),
+        (["-x", "NOT_SET_ANYWHERE", "--", "t.py"], "-x NOT_SET_ANYWHERE: NOT_SET_ANYWHERE is not"),
+        (["--bogus", "--", "t.py"], "unrecognized option --bogus"),
+        (["--n", "2", "--", "t.py"], "unrecognized option --n"),
+    ],
+)
+def test_bad_command_lines(argv: list[str], message: str) -> None:
+    with pytest.raises(UsageError) as error:
+        parse_args(argv, {})
+    assert str(error.value).startswith(message)
+
+
+@pytest.mark.timeout(60)
+def test_errors_are_one_line_and_exit_2(launcher: Launcher) -> None:
+    for argv in (["-n", "2", "--n-per-node", "2", "--", "t.py"], ["--force"], ["-n", "2"],
+                 ["-n", "1", "--", "missing.py"]):
+        done = launcher.run(argv)
+        assert done.returncode == 2, done
+        assert done.stdout == ""
+        assert done.stderr.count("\n") == 1 and done.stderr.startswith("tnt-launch: error: ")
+    assert "script missing.py not found in" in done.stderr
+
+
+@pytest.mark.timeout(60)
+def test_help_groups_and_version(launcher: Launcher) -> None:
+    done = launcher.run(["--help"])
+    assert done.returncode == 0
+    text = done.stdout
+    assert text.startswith("usage: tnt-launch [options] -- SCRIPT [ARGS ...]")
+    groups = ["single-host execution:", "multi-host execution:", "devices and pinning:",
+              "logging and output:", "runtime settings:", "job control:"]
+    assert [text.index(g) for g in groups] == sorted(text.index(g) for g in groups)
+    for option in ("-n N", "--hostfile FILE", "--n-per-node N, --devices-per-node N, --npernode N",
+                   "--no-gpu", "--pin-to-socket", "--pin-memory-to-socket", "--log-level",
+                   "--log-on-all-devices", "--output-on-all-devices", "--output-dir DIR",
+                   "--fusion-threshold KB", "--transport", "--timeout SECONDS", "-x KEY=VALUE",
+                   "--python-interpreter COMMAND", "--dry-run", "--cleanup", "--force",
+                   "--ssh-port PORT", "TNT_SSH_OPTS"):
+        assert option in text, option
+    done = launcher.run(["--version"])
+    assert (done.returncode, done.stdout) == (0, f"tnt-launch {__version__}\n")
+    assert __version__ == "0.1.0"

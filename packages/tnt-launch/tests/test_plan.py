@@ -1,0 +1,289 @@
+"""Plan building as a pure function: hosts, slots, GPUs, pinning and environment as inputs."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tnt_launch.config import LaunchConfig
+from tnt_launch.display import environment_rows
+from tnt_launch.hosts import Host
+from tnt_launch.plan import HostFacts, JobIdentity, PlanError, build_plan
+from tnt_launch.spawn import SshSettings, remote_command, request_line, ssh_argv
+
+PY = ("/usr/bin/python3",)
+ID = JobIdentity("0123456789ab", "f" * 32, 29500)
+LOCAL = [Host("localhost", local=True)]
+TWO = [Host("node1"), Host("node2")]
+
+
+def cfg(**kw: object) -> LaunchConfig:
+    kw.setdefault("script", "train.py")
+    kw.setdefault("python_interpreter", PY)
+    return LaunchConfig(**kw)  # type: ignore[arg-type]
+
+
+def facts(gpus: int = 0, cpus: int = 8, numa: int = 1, numactl: bool = True) -> HostFacts:
+    return HostFacts(
+        gpus=tuple(str(i) for i in range(gpus)),
+        cpus=cpus,
+        numa_nodes=tuple((n, cpus // numa) for n in range(numa)),
+        has_numactl=numactl,
+    )
+
+
+def plan_for(config: LaunchConfig, hosts: list[Host], host_facts: HostFacts, environ=None):
+    return build_plan(config, hosts, {h.name: host_facts for h in hosts}, ID, environ or {})
+
+
+def test_local_cpu_job_gets_the_whole_contract() -> None:
+    plan = plan_for(cfg(nprocs=4, no_gpu=True, script_args=("--lr", "0.1")), LOCAL, facts(cpus=8))
+    assert plan.size == 4 and plan.warnings == ()
+    for r, spec in enumerate(plan.ranks):
+        assert (spec.rank, spec.local_rank, spec.node_rank, spec.local_size) == (r, r, 0, 4)
+        assert spec.env == {
+            "TNT_RANK": str(r),
+            "TNT_SIZE": "4",
+            "TNT_LOCAL_RANK": str(r),
+            "TNT_LOCAL_SIZE": "4",
+            "TNT_NODE_RANK": "0",
+            "TNT_MASTER_ADDR": "127.0.0.1",
+            "TNT_MASTER_PORT": "29500",
+            "TNT_JOB_ID": "0123456789ab",
+            "TNT_JOB_TOKEN": "f" * 32,
+            "TNT_TRANSPORT": "auto",
+            "TNT_LOG_LEVEL": "WARNING",
+            "TNT_LOG_ON_ALL_DEVICES": "false",
+            "TNT_OUTPUT_ON_ALL_DEVICES": "false",
+            "TNT_TENSORBOARD_ON_ALL_DEVICES": "false",
+            "CUDA_VISIBLE_DEVICES": "",
+            "OMP_NUM_THREADS": "2",
+            "TF_NUM_INTRAOP_THREADS": "2",
+            "PYTHONUNBUFFERED": "1",
+        }
+        assert spec.argv == ("/usr/bin/python3", "train.py", "--lr", "0.1")
+        assert spec.device == "CPU" and spec.pinning == "-"
+
+
+def test_one_rank_per_gpu_by_default() -> None:
+    plan = plan_for(cfg(), LOCAL, facts(gpus=4, cpus=16))
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in plan.ranks] == ["0", "1", "2", "3"]
+    assert [s.device for s in plan.ranks] == ["GPU 0", "GPU 1", "GPU 2", "GPU 3"]
+    assert plan.ranks[0].env["OMP_NUM_THREADS"] == "4"
+    assert plan.warnings == ()
+
+
+def test_gpu_ids_come_from_the_host() -> None:
+    host = HostFacts(gpus=("GPU-aa", "GPU-bb"), cpus=4)
+    plan = build_plan(cfg(), LOCAL, {"localhost": host}, ID, {})
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in plan.ranks] == ["GPU-aa", "GPU-bb"]
+
+
+def test_more_ranks_than_gpus_runs_on_cpus_with_a_warning() -> None:
+    plan = plan_for(cfg(nprocs=3), LOCAL, facts(gpus=2))
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in plan.ranks] == ["", "", ""]
+    assert plan.warnings == (
+        (
+            "running all ranks on CPUs: localhost has 2 GPU(s) for 3 rank(s) "
+            "(--no-gpu runs on CPUs without this warning)"
+        ),
+    )
+
+
+def test_no_gpus_warns_unless_no_gpu_is_given() -> None:
+    assert "no GPUs found on localhost" in plan_for(cfg(), LOCAL, facts()).warnings[0]
+    assert plan_for(cfg(no_gpu=True), LOCAL, facts()).warnings == ()
+    with_gpus = plan_for(cfg(no_gpu=True, nprocs=2), LOCAL, facts(gpus=2))
+    assert [s.device for s in with_gpus.ranks] == ["CPU", "CPU"]
+    assert with_gpus.ranks[0].env["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_one_host_short_of_gpus_moves_the_whole_job_to_cpus() -> None:
+    hosts = [Host("a"), Host("b")]
+    plan = build_plan(cfg(n_per_node=2), hosts, {"a": facts(gpus=2), "b": facts(gpus=1)}, ID, {})
+    assert {s.device for s in plan.ranks} == {"CPU"}
+    assert "b has 1 GPU(s) for 2 rank(s)" in plan.warnings[0]
+
+
+def test_hosts_slots_and_n_per_node() -> None:
+    hosts = [Host("a", slots=3), Host("b"), Host("c", slots=1)]
+    plan = plan_for(cfg(no_gpu=True), hosts, facts(cpus=6))
+    layout = [(s.rank, s.host, s.node_rank, s.local_rank, s.local_size) for s in plan.ranks]
+    assert layout == [
+        (0, "a", 0, 0, 3), (1, "a", 0, 1, 3), (2, "a", 0, 2, 3),
+        (3, "b", 1, 0, 1),
+        (4, "c", 2, 0, 1),
+    ]
+    assert [s.env["OMP_NUM_THREADS"] for s in plan.ranks] == ["2", "2", "2", "6", "6"]
+    assert {s.env["TNT_SIZE"] for s in plan.ranks} == {"5"}
+    assert {s.env["TNT_MASTER_ADDR"] for s in plan.ranks} == {"a"}
+
+    # --n-per-node wins over slots and GPU counts.
+    plan = plan_for(cfg(n_per_node=2), hosts, facts(gpus=4))
+    assert [(s.host, s.local_rank) for s in plan.ranks] == [
+        ("a", 0), ("a", 1), ("b", 0), ("b", 1), ("c", 0), ("c", 1)
+    ]
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in plan.ranks] == ["0", "1"] * 3
+
+
+def test_remote_ranks_carry_the_environment_and_local_ranks_inherit_it() -> None:
+    environ = {
+        "PATH": "/opt/venv/bin:/usr/bin",
+        "PYTHONPATH": "/src",
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "HOME": "/home/me",
+        "TNT_SSH_OPTS": "-p 22",
+        "TNT_LAUNCH_REGISTRY": "/tmp/x",
+    }
+    hosts = [Host("127.0.0.1", local=True), Host("127.0.0.2")]
+    plan = plan_for(cfg(no_gpu=True), hosts, facts(), environ)
+    local, remote = plan.ranks
+    assert "PATH" not in local.env
+    assert remote.env["PATH"] == "/opt/venv/bin:/usr/bin"
+    assert remote.env["PYTHONPATH"] == "/src"
+    assert remote.env["TF_CPP_MIN_LOG_LEVEL"] == "2"
+    for name in ("HOME", "TNT_SSH_OPTS", "TNT_LAUNCH_REGISTRY"):
+        assert name not in remote.env
+    assert remote.env["TNT_MASTER_ADDR"] == "127.0.0.1"
+    assert remote.env["TNT_RANK"] == "1"
+
+
+def test_options_and_exports_become_environment() -> None:
+    exports = (
+        ("A", "1"),
+        ("SPACES", "a b  c"),
+        ("EQUALS", "x=y=z"),
+        ("QUOTES", "it's \"q\" $HOME `x` \\"),
+        ("TNT_LOG_LEVEL", "DEBUG"),
+        ("A", "2"),
+    )
+    config = cfg(
+        nprocs=1, no_gpu=True, log_level="INFO", log_on_all_devices=True,
+        output_on_all_devices=True, fusion_threshold_kb=0, timeout_s=2.5, transport="tcp",
+        exports=exports,
+    )
+    env = plan_for(config, LOCAL, facts(), {"TNT_TENSORBOARD_ON_ALL_DEVICES": "true"}).ranks[0].env
+    assert env["TNT_TRANSPORT"] == "tcp"
+    assert env["TNT_FUSION_THRESHOLD_KB"] == "0"
+    assert env["TNT_TIMEOUT_S"] == "2.5"
+    assert env["TNT_LOG_ON_ALL_DEVICES"] == "true"
+    assert env["TNT_OUTPUT_ON_ALL_DEVICES"] == "true"
+    assert env["TNT_TENSORBOARD_ON_ALL_DEVICES"] == "true"
+    # -x is applied last and in order.
+    assert env["TNT_LOG_LEVEL"] == "DEBUG"
+    assert env["A"] == "2"
+    assert env["SPACES"] == "a b  c" and env["EQUALS"] == "x=y=z"
+    assert env["QUOTES"] == "it's \"q\" $HOME `x` \\"
+    assert list(env)[-4:] == ["A", "SPACES", "EQUALS", "QUOTES"]
+
+
+def test_user_thread_counts_are_kept() -> None:
+    config = cfg(nprocs=2, no_gpu=True)
+    env = plan_for(config, LOCAL, facts(), {"OMP_NUM_THREADS": "3"}).ranks[0].env
+    assert "OMP_NUM_THREADS" not in env  # inherited from tnt-launch's environment as it is
+    assert env["TF_NUM_INTRAOP_THREADS"] == "4"
+    config = cfg(nprocs=2, no_gpu=True, exports=(("TF_NUM_INTRAOP_THREADS", "1"),))
+    env = plan_for(config, LOCAL, facts()).ranks[0].env
+    assert env["TF_NUM_INTRAOP_THREADS"] == "1" and env["OMP_NUM_THREADS"] == "4"
+
+
+def test_threads_are_at_least_one() -> None:
+    env = plan_for(cfg(nprocs=4, no_gpu=True), LOCAL, facts(cpus=2)).ranks[3].env
+    assert env["OMP_NUM_THREADS"] == "1"
+
+
+def test_pinning_ranks_to_numa_nodes() -> None:
+    plan = plan_for(cfg(n_per_node=2, pin_to_socket=True, no_gpu=True), TWO, facts(cpus=16, numa=2))
+    assert [s.numa_node for s in plan.ranks] == [0, 1, 0, 1]
+    assert plan.ranks[1].argv == (
+        "numactl", "--cpunodebind=1", "--preferred=1", "/usr/bin/python3", "train.py"
+    )
+    assert plan.ranks[1].pinning == "NUMA node 1: cpus, memory preferred"
+    assert plan.ranks[1].env["OMP_NUM_THREADS"] == "8"
+
+    plan = plan_for(
+        cfg(nprocs=2, pin_to_socket=True, pin_memory_to_socket=True, no_gpu=True),
+        LOCAL, facts(cpus=16, numa=4),
+    )
+    assert plan.ranks[0].argv[:3] == ("numactl", "--cpunodebind=0", "--membind=0")
+    assert plan.ranks[1].pinning == "NUMA node 1: cpus, memory bound"
+    assert plan.ranks[1].env["OMP_NUM_THREADS"] == "4"
+
+    # Memory alone: no CPU binding, threads shared as without pinning.
+    plan = plan_for(cfg(nprocs=2, pin_memory_to_socket=True, no_gpu=True), LOCAL, facts(numa=2))
+    assert plan.ranks[1].argv[:2] == ("numactl", "--membind=1")
+    assert plan.ranks[1].env["OMP_NUM_THREADS"] == "4"
+
+
+def test_pinning_errors() -> None:
+    with pytest.raises(PlanError, match=r"--pin-to-socket needs numactl, which is not installed "
+                                        r"on host localhost"):
+        plan_for(cfg(pin_to_socket=True, no_gpu=True), LOCAL, facts(numactl=False))
+    with pytest.raises(PlanError, match=r"--pin-to-socket: 2 ranks on host node1, which has only "
+                                        r"1 NUMA node\(s\); start at most 1 rank\(s\) per host"):
+        plan_for(cfg(n_per_node=2, pin_to_socket=True), TWO, facts(numa=1))
+    with pytest.raises(PlanError, match="--pin-memory-to-socket: host localhost reports no NUMA"):
+        plan_for(cfg(pin_memory_to_socket=True), LOCAL, facts(numa=0))
+
+
+def test_a_loopback_first_host_cannot_serve_other_hosts() -> None:
+    hosts = [Host("localhost", local=True), Host("node2")]
+    with pytest.raises(PlanError, match="ranks on other hosts cannot reach it by that name"):
+        plan_for(cfg(no_gpu=True), hosts, facts())
+
+
+def test_interpreter_with_arguments_and_none() -> None:
+    valgrind = ("valgrind", "--leak-check=yes", "python")
+    plan = plan_for(cfg(nprocs=1, python_interpreter=valgrind), LOCAL, facts())
+    assert plan.ranks[0].argv == ("valgrind", "--leak-check=yes", "python", "train.py")
+    plan = plan_for(cfg(nprocs=1, script="./a.out", python_interpreter=()), LOCAL, facts())
+    assert plan.ranks[0].argv == ("./a.out",)
+
+
+def test_dry_run_environment_rows_hide_the_token_and_list_differences() -> None:
+    hosts = [Host("127.0.0.1", local=True), Host("127.0.0.2")]
+    plan = plan_for(cfg(n_per_node=2, no_gpu=True), hosts, facts(), {"PATH": "/bin"})
+    rows = dict(environment_rows(plan))
+    assert rows["TNT_RANK"] == "per rank: 0, 1, 2, 3"
+    assert rows["TNT_SIZE"] == "4"
+    assert "f" * 32 not in rows["TNT_JOB_TOKEN"]
+    assert rows["PATH"].startswith("/bin  [ranks on other hosts")
+    assert rows["CUDA_VISIBLE_DEVICES"] == '"" (empty)'
+
+
+# ---------------------------------------------------------------------------------------------
+# Reaching other hosts: argv and quoting
+
+
+def test_ssh_argv_puts_user_options_first() -> None:
+    argv = ssh_argv("node1", SshSettings(2222, ("-o", "ConnectTimeout=3", "-l", "me")), "CMD")
+    assert argv == [
+        "ssh", "-o", "ConnectTimeout=3", "-l", "me", "-p", "2222",
+        "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-T", "-x", "--", "node1", "CMD",
+    ]
+
+
+@pytest.mark.timeout(30)
+def test_remote_command_survives_a_shell_with_an_awkward_interpreter_path(tmp_path: Path) -> None:
+    """The command string ssh hands to the remote shell, run by a real shell: an interpreter path
+    with spaces, quotes and $ still starts the agent, which answers a probe."""
+    folder = tmp_path / "it's a \"dir\" $HOME"
+    folder.mkdir()
+    python = folder / "py thon"
+    python.symlink_to(sys.executable)
+    command = remote_command(str(python))
+    assert shlex.split(command)[0] == f"P={python};"
+    done = subprocess.run(["sh", "-c", command], input=request_line({"mode": "probe"}),
+                          capture_output=True, timeout=30, check=False)
+    assert done.returncode == 0, done.stderr
+    assert b'"cpus"' in done.stdout
+
+    # A missing interpreter falls back to python3 on the PATH.
+    done = subprocess.run(["sh", "-c", remote_command(str(folder / "missing"))],
+                          input=request_line({"mode": "probe"}), capture_output=True,
+                          timeout=30, check=False)
+    assert done.returncode == 0, done.stderr
