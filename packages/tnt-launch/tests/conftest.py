@@ -79,7 +79,7 @@ def read_reports(folder: Path, count: int, timeout: float = 30) -> list[dict]:
         time.sleep(0.05)
 
 
-def _running(pid: int) -> bool:
+def running(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
@@ -102,7 +102,7 @@ def assert_job_gone(job_id: str, pids: Sequence[int] = (), timeout: float = 10) 
     """Nothing of the job is left: no process with its TNT_JOB_ID, none of `pids`, no shm file."""
     deadline = time.monotonic() + timeout
     while True:
-        left = processes_of_job(job_id) + [p for p in pids if _running(p)]
+        left = processes_of_job(job_id) + [p for p in pids if running(p)]
         shm = list(Path("/dev/shm").glob(f"tnt-{job_id}-*"))
         if not left and not shm:
             return

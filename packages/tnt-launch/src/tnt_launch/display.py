@@ -58,13 +58,14 @@ def render_plan(plan: Plan, console: Console, assumed: Sequence[str] = ()) -> No
         table.add_column(column, overflow="fold")
     for spec in plan.ranks:
         host = spec.host if spec.local else f"{spec.host} (ssh)"
+        # Text cells: brackets in commands or values are not rich markup.
         table.add_row(
-            str(spec.rank),
-            host,
-            f"{spec.local_rank}/{spec.local_size}",
-            spec.device,
-            spec.pinning,
-            shlex.join(spec.argv),
+            Text(str(spec.rank)),
+            Text(host),
+            Text(f"{spec.local_rank}/{spec.local_size}"),
+            Text(spec.device),
+            Text(spec.pinning),
+            Text(shlex.join(spec.argv)),
         )
     console.print(table)
 
@@ -73,11 +74,13 @@ def render_plan(plan: Plan, console: Console, assumed: Sequence[str] = ()) -> No
     env.add_column("variable", no_wrap=True)
     env.add_column("value", overflow="fold")
     for name, value in environment_rows(plan):
-        env.add_row(name, value)
+        env.add_row(Text(name), Text(value))
     console.print(env)
     if assumed:
         console.print(
-            f"Not contacted for a dry run, assumed to have this host's GPUs, CPUs and NUMA "
-            f"nodes: {', '.join(assumed)}."
+            Text(
+                "Not contacted for a dry run, assumed to have this host's GPUs, CPUs and NUMA "
+                f"nodes: {', '.join(assumed)}."
+            )
         )
-    console.print("Dry run: nothing was started.")
+    console.print(Text("Dry run: nothing was started."))

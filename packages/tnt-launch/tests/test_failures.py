@@ -1,0 +1,120 @@
+"""Failure propagation with real processes: the first failing rank, a killed rank, Ctrl+C,
+SIGTERM and a killed launcher all leave nothing of the job behind (checked with psutil)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import RANK, Launcher, assert_job_gone, read_reports, running, tree
+
+
+def _pids(reports: list[dict]) -> list[int]:
+    return [r["pid"] for r in reports] + [r["child_pid"] for r in reports if r["child_pid"]]
+
+
+@pytest.mark.timeout(60)
+def test_first_failing_rank_stops_the_job_and_sets_the_exit_code(
+    launcher: Launcher, reports: Path
+) -> None:
+    started = time.monotonic()
+    done = launcher.run(["-n", "3", "--no-gpu", "--", RANK, str(reports), "--fail-rank", "1",
+                         "--code", "3", "--sleep", "60", "--spawn-child", "--touch-shm"])
+    elapsed = time.monotonic() - started
+    assert done.returncode == 3, done.stderr
+    assert elapsed < 20  # the sleeping ranks were stopped, not waited for
+    lines = done.stderr.splitlines()
+    assert "tnt-launch: rank 1 (host localhost, local rank 1) exited with code 3; stopping the " \
+           "job (2 other rank(s) still running)" in lines
+    summary = lines.index(
+        "tnt-launch: job failed: rank 1 (host localhost, local rank 1) exited with code 3"
+        .replace("job failed", f"job {read_reports(reports, 3)[0]['env']['TNT_JOB_ID']} failed")
+    )
+    assert lines[summary + 1:] == [
+        "tnt-launch: last lines rank 1 wrote to stderr:",
+        "    stderr line of rank 1",
+        "    rank 1 fails on purpose with code 3",
+        "tnt-launch: exit code 3",
+    ]
+    got = read_reports(reports, 3)
+    assert_job_gone(got[0]["env"]["TNT_JOB_ID"], _pids(got))
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_killed_by_a_signal_fails_the_job(launcher: Launcher, reports: Path) -> None:
+    done = launcher.run(["-n", "3", "--no-gpu", "--", RANK, str(reports), "--kill-rank", "2",
+                         "--sleep", "60"])
+    assert done.returncode == 128 + signal.SIGKILL, done.stderr
+    assert ("rank 2 (host localhost, local rank 2) was killed by signal 9 (SIGKILL)"
+            in done.stderr)
+    assert "    stderr line of rank 2\n" in done.stderr
+    got = read_reports(reports, 3)
+    assert_job_gone(got[0]["env"]["TNT_JOB_ID"], _pids(got))
+
+
+def _start_and_wait(launcher: Launcher, reports: Path, size: int,
+                    *extra: str) -> tuple[subprocess.Popen[str], list[dict], list[int]]:
+    proc = launcher.start(["-n", str(size), "--no-gpu", "--", RANK, str(reports), "--sleep",
+                           "60", *extra])
+    got = read_reports(reports, size)
+    return proc, got, tree(proc.pid)
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_stops_every_rank(launcher: Launcher, reports: Path) -> None:
+    proc, got, processes = _start_and_wait(launcher, reports, 3, "--spawn-child")
+    assert len(processes) >= 1 + 3 * 3  # launcher, then agent, rank and grandchild per rank
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "tnt-launch: got SIGINT: stopping 3 rank(s)" in err
+    assert f"tnt-launch: job {got[0]['env']['TNT_JOB_ID']} stopped after SIGINT" in err
+    assert_job_gone(got[0]["env"]["TNT_JOB_ID"], processes + _pids(got))
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_escalates_to_sigkill_for_ranks_that_ignore_it(
+    launcher: Launcher, reports: Path
+) -> None:
+    proc, got, processes = _start_and_wait(launcher, reports, 2, "--ignore-sigterm")
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert 4.5 <= elapsed < 15  # the grace period (5 s), then SIGKILL
+    assert_job_gone(got[0]["env"]["TNT_JOB_ID"], processes + _pids(got))
+
+
+@pytest.mark.timeout(60)
+def test_second_ctrl_c_kills_at_once(launcher: Launcher, reports: Path) -> None:
+    proc, got, processes = _start_and_wait(launcher, reports, 2, "--ignore-sigterm")
+    started = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert time.monotonic() - started < 4
+    assert "got SIGINT again: killing the ranks" in err
+    assert_job_gone(got[0]["env"]["TNT_JOB_ID"], processes + _pids(got))
+
+
+@pytest.mark.timeout(60)
+def test_ranks_die_with_a_killed_launcher(launcher: Launcher, reports: Path) -> None:
+    proc, got, processes = _start_and_wait(launcher, reports, 2, "--spawn-child")
+    proc.kill()
+    proc.communicate(timeout=30)
+    # Each agent sees its stdin close and stops its rank; nothing can remove the registry
+    # entries and shm files of a SIGKILLed launcher, so only processes are checked here.
+    deadline = time.monotonic() + 15
+    left = processes + _pids(got)
+    while time.monotonic() < deadline:
+        left = [p for p in left if running(p)]
+        if not left:
+            break
+        time.sleep(0.05)
+    assert left == []

@@ -1,0 +1,211 @@
+"""Real local jobs of 1-4 ranks: what every rank receives, and where output goes."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import RANK, Launcher, assert_job_gone, read_reports
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("size", [1, 2, 4])
+def test_every_rank_receives_the_contract(launcher: Launcher, reports: Path, size: int) -> None:
+    done = launcher.run(["-n", str(size), "--no-gpu", "--", RANK, str(reports), "--", "a b", "c=d"])
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "stderr line of rank 0\n"
+    assert done.stdout == "stdout line 0 of rank 0\n"
+
+    got = read_reports(reports, size)
+    cpus = len(os.sched_getaffinity(0))
+    first = got[0]["env"]
+    assert re.fullmatch(r"[A-Za-z0-9]{12}", first["TNT_JOB_ID"])
+    assert re.fullmatch(r"[0-9a-f]{32}", first["TNT_JOB_TOKEN"])
+    assert 1 <= int(first["TNT_MASTER_PORT"]) <= 65535
+    for rank, report in enumerate(got):
+        env = report["env"]
+        assert report["argv"] == [str(reports), "--", "a b", "c=d"]
+        assert report["cwd"] == str(launcher.cwd)
+        assert {k: env[k] for k in ("TNT_RANK", "TNT_SIZE", "TNT_LOCAL_RANK", "TNT_LOCAL_SIZE",
+                                    "TNT_NODE_RANK", "TNT_MASTER_ADDR")} == {
+            "TNT_RANK": str(rank),
+            "TNT_SIZE": str(size),
+            "TNT_LOCAL_RANK": str(rank),
+            "TNT_LOCAL_SIZE": str(size),
+            "TNT_NODE_RANK": "0",
+            "TNT_MASTER_ADDR": "127.0.0.1",
+        }
+        for name in ("TNT_MASTER_PORT", "TNT_JOB_ID", "TNT_JOB_TOKEN"):
+            assert env[name] == first[name]
+        assert env["TNT_TRANSPORT"] == "auto"
+        assert env["TNT_LOG_LEVEL"] == "WARNING"
+        for name in ("TNT_LOG_ON_ALL_DEVICES", "TNT_OUTPUT_ON_ALL_DEVICES",
+                     "TNT_TENSORBOARD_ON_ALL_DEVICES"):
+            assert env[name] == "false"
+        assert "TNT_TIMEOUT_S" not in env and "TNT_FUSION_THRESHOLD_KB" not in env
+        assert env["CUDA_VISIBLE_DEVICES"] == ""
+        assert env["OMP_NUM_THREADS"] == env["TF_NUM_INTRAOP_THREADS"] == str(max(1, cpus // size))
+        # Ranks on this host inherit tnt-launch's whole environment.
+        assert env["TNT_LAUNCH_REGISTRY"] == launcher.env["TNT_LAUNCH_REGISTRY"]
+    assert_job_gone(first["TNT_JOB_ID"], [r["pid"] for r in got])
+
+
+@pytest.mark.timeout(60)
+def test_options_and_exports_reach_every_rank(launcher: Launcher, reports: Path) -> None:
+    awkward = "it's \"quoted\" $HOME `x` \\ ; | & ü\nsecond line"
+    launcher.env.update(KEEP="kept value", OMP_NUM_THREADS="7",
+                        TNT_TENSORBOARD_ON_ALL_DEVICES="true")
+    done = launcher.run([
+        "-n", "2", "--no-gpu", "--log-level", "info", "--log-on-all-devices",
+        "--fusion-threshold", "64", "--timeout", "2.5", "--transport", "tcp",
+        "-x", "A=1", "SPACES=a  b", "EQUALS=x=y=z", f"AWKWARD={awkward}", "KEEP",
+        "-x", "A=2", "TF_NUM_INTRAOP_THREADS=5", "--", RANK, str(reports),
+    ])
+    assert done.returncode == 0, done.stderr
+    for report in read_reports(reports, 2):
+        env = report["env"]
+        assert env["TNT_LOG_LEVEL"] == "INFO"
+        assert env["TNT_LOG_ON_ALL_DEVICES"] == "true"
+        assert env["TNT_FUSION_THRESHOLD_KB"] == "64"
+        assert env["TNT_TIMEOUT_S"] == "2.5"
+        assert env["TNT_TRANSPORT"] == "tcp"
+        assert env["TNT_TENSORBOARD_ON_ALL_DEVICES"] == "true"
+        assert env["A"] == "2"
+        assert env["SPACES"] == "a  b" and env["EQUALS"] == "x=y=z"
+        assert env["AWKWARD"] == awkward
+        assert env["KEEP"] == "kept value"
+        assert env["OMP_NUM_THREADS"] == "7" and env["TF_NUM_INTRAOP_THREADS"] == "5"
+
+
+@pytest.mark.timeout(60)
+def test_each_job_gets_its_own_id_port_and_token(launcher: Launcher, tmp_path: Path) -> None:
+    seen = []
+    for attempt in range(2):
+        folder = tmp_path / f"reports{attempt}"
+        folder.mkdir()
+        assert launcher.run(["-n", "1", "--no-gpu", "--", RANK, str(folder)]).returncode == 0
+        seen.append(read_reports(folder, 1)[0]["env"])
+    assert seen[0]["TNT_JOB_ID"] != seen[1]["TNT_JOB_ID"]
+    assert seen[0]["TNT_JOB_TOKEN"] != seen[1]["TNT_JOB_TOKEN"]
+
+
+@pytest.mark.timeout(60)
+def test_output_on_all_devices_prefixes_every_line(launcher: Launcher, reports: Path) -> None:
+    done = launcher.run(["-n", "3", "--no-gpu", "--output-on-all-devices", "--", RANK,
+                         str(reports), "--lines", "2"])
+    assert done.returncode == 0, done.stderr
+    assert sorted(done.stdout.splitlines()) == sorted(
+        f"[rank {r}] stdout line {i} of rank {r}" for r in range(3) for i in range(2)
+    )
+    assert sorted(done.stderr.splitlines()) == [f"[rank {r}] stderr line of rank {r}"
+                                                for r in range(3)]
+    assert read_reports(reports, 3)[1]["env"]["TNT_OUTPUT_ON_ALL_DEVICES"] == "true"
+
+
+@pytest.mark.timeout(60)
+def test_output_dir_keeps_every_ranks_streams(launcher: Launcher, reports: Path,
+                                              tmp_path: Path) -> None:
+    out = tmp_path / "logs" / "run1"
+    done = launcher.run(["-n", "2", "--no-gpu", "--output-dir", str(out), "--", RANK,
+                         str(reports), "--lines", "3"])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "".join(f"stdout line {i} of rank 0\n" for i in range(3))
+    for rank in range(2):
+        assert (out / f"rank-{rank}.out").read_text() == "".join(
+            f"stdout line {i} of rank {rank}\n" for i in range(3)
+        )
+        assert (out / f"rank-{rank}.err").read_text() == f"stderr line of rank {rank}\n"
+
+
+@pytest.mark.timeout(60)
+def test_interpreter_with_arguments(launcher: Launcher, reports: Path) -> None:
+    interpreter = f"env TNT_TEST_WRAPPED=yes {sys.executable} -u"
+    done = launcher.run(["-n", "1", "--no-gpu", "--python-interpreter", interpreter, "--", RANK,
+                         str(reports)])
+    assert done.returncode == 0, done.stderr
+    assert read_reports(reports, 1)[0]["env"]["TNT_TEST_WRAPPED"] == "yes"
+
+
+@pytest.mark.timeout(60)
+def test_empty_interpreter_runs_the_script_itself(launcher: Launcher, reports: Path) -> None:
+    program = launcher.cwd / "rank program"
+    program.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{RANK}" "$@"\n')
+    program.chmod(program.stat().st_mode | stat.S_IXUSR)
+    done = launcher.run(["-n", "2", "--no-gpu", "--python-interpreter", "", "--",
+                         "./rank program", str(reports)])
+    assert done.returncode == 0, done.stderr
+    assert [r["argv"] for r in read_reports(reports, 2)] == [[str(reports)]] * 2
+
+    done = launcher.run(["-n", "1", "--no-gpu", "--python-interpreter", "", "--",
+                         "./not-there"])
+    assert done.returncode == 2
+    assert done.stderr == "tnt-launch: error: ./not-there is not an executable file\n"
+
+
+@pytest.mark.timeout(60)
+def test_gpus_from_cuda_visible_devices(launcher: Launcher, reports: Path) -> None:
+    launcher.env["CUDA_VISIBLE_DEVICES"] = "3,5"
+    done = launcher.run(["--", RANK, str(reports)])
+    assert done.returncode == 0, done.stderr
+    assert "warning" not in done.stderr
+    assert [r["env"]["CUDA_VISIBLE_DEVICES"] for r in read_reports(reports, 2)] == ["3", "5"]
+
+
+@pytest.mark.timeout(60)
+def test_gpus_from_nvidia_smi_and_too_few_gpus(launcher: Launcher, tmp_path: Path) -> None:
+    # A stand-in nvidia-smi that lists two GPUs, the way the real one answers this query.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text('#!/bin/sh\n[ "$1" = "--query-gpu=index" ] || exit 9\nprintf "0\\n1\\n"\n')
+    smi.chmod(0o755)
+    launcher.env["PATH"] = f"{bin_dir}:{launcher.env['PATH']}"
+
+    first = tmp_path / "first"
+    first.mkdir()
+    done = launcher.run(["--", RANK, str(first)])
+    assert done.returncode == 0, done.stderr
+    assert [r["env"]["CUDA_VISIBLE_DEVICES"] for r in read_reports(first, 2)] == ["0", "1"]
+
+    second = tmp_path / "second"
+    second.mkdir()
+    done = launcher.run(["-n", "3", "--", RANK, str(second)])
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.startswith(
+        "tnt-launch: warning: running all ranks on CPUs: localhost has 2 GPU(s) for 3 rank(s)"
+    )
+    assert [r["env"]["CUDA_VISIBLE_DEVICES"] for r in read_reports(second, 3)] == ["", "", ""]
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_may_finish_before_the_others(launcher: Launcher, reports: Path) -> None:
+    done = launcher.run(["-n", "3", "--no-gpu", "--", RANK, str(reports), "--sleep", "1",
+                         "--sleep-rank", "2"])
+    assert done.returncode == 0, done.stderr
+    assert len(read_reports(reports, 3)) == 3
+
+
+@pytest.mark.timeout(60)
+def test_dry_run_starts_nothing(launcher: Launcher, reports: Path) -> None:
+    hostfile = launcher.cwd / "hosts"
+    here = socket.gethostname()
+    hostfile.write_text(f"{here}\nnode-b slots=2\n")
+    launcher.env["COLUMNS"] = "250"
+    done = launcher.run(["--hostfile", str(hostfile), "--no-gpu", "-x", "DATASET=/data",
+                         "--dry-run", "--", "train.py", "--epochs", "3"])
+    assert done.returncode == 0, done.stderr
+    text = done.stdout
+    assert f"3 rank(s) on 2 host(s); rank 0 listens on {here}:" in text
+    assert re.search(rf"│ 0 +│ {re.escape(here)} +│ 0/1 +│ CPU +│ - +│ .*train\.py --epochs 3", text)
+    assert re.search(r"│ 2 +│ node-b \(ssh\) +│ 1/2 +│ CPU", text)
+    assert re.search(r"│ TNT_RANK +│ per rank: 0, 1, 2 ", text)
+    assert re.search(r"│ DATASET +│ /data ", text)
+    assert "assumed to have this host's GPUs, CPUs and NUMA nodes: node-b" in text
+    assert "Dry run: nothing was started." in text
+    assert not list(reports.iterdir())
+    assert not list(Path(launcher.env["TNT_LAUNCH_REGISTRY"]).glob("*.json"))
