@@ -316,7 +316,7 @@ class FusedAllreduce:
                 f"tensor {i} has shape {a.shape} and dtype {a.dtype.name}, but "
                 f"{self._shapes[i]} and {self._dtypes[i].name} were declared"
             )
-        self._native.start(i, address(a))
+        self._native.start(i, a)
 
     def wait(self, i: int, out: Any = None) -> np.ndarray:
         o = np.empty(self._shapes[i], self._dtypes[i]) if out is None else as_array(out, "out")

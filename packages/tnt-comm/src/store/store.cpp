@@ -77,7 +77,11 @@ void StoreServer::serve() {
         std::memcpy(&len, c.in.data() + 4, 4);
         if (std::memcmp(c.in.data(), kMagic, 4) != 0 || len > kMaxField) return false;
         if (c.in.size() < 8 + len) return true;
-        if (c.in.compare(8, len, token_) != 0 || len != token_.size()) return false;
+        if (c.in.compare(8, len, token_) != 0 || len != token_.size()) {
+          char no = 'R';
+          c.sock.send_all(&no, 1);
+          return false;
+        }
         c.in.erase(0, 8 + len);
         c.authenticated = true;
         char ok = 'K';
@@ -187,13 +191,12 @@ StoreClient::StoreClient(const std::string& host, int port, const std::string& t
     sock_.send_all(hello.data(), hello.size());
     char ok = 0;
     if (sock_.wait_readable(deadline) && sock_.recv_all(&ok, 1) && ok == 'K') return;
-    if (Clock::now() >= deadline) {
+    if (ok == 'R') {
       throw Error("the rendezvous store at " + host + ":" + std::to_string(port) +
-                  " rejected this rank: TNT_JOB_TOKEN differs from rank 0's (start every rank "
-                  "with the same job environment, e.g. through tnt-launch)");
+                  " rejected this rank: its TNT_JOB_TOKEN differs from rank 0's (start every "
+                  "rank with the same job environment, e.g. through tnt-launch)");
     }
-    // Rejected: either a stale server of another job on this port or a real mismatch; retry
-    // until the deadline so a late rank 0 gets its chance.
+    if (Clock::now() >= deadline) throw Timeout("the rendezvous store did not answer");
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
 }

@@ -1,0 +1,126 @@
+"""Every collective, op and dtype against numpy, on 1-4 real ranks over shm and TCP."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from ranks import run
+
+CHECK_ALL = """
+import hashlib, numpy as np, tnt_comm as tc
+r, n = tc.rank(), tc.size()
+DTYPES = ["float16", "float32", "float64", "int32", "int64", "uint8"]
+try:
+    import ml_dtypes
+    DTYPES.append(ml_dtypes.bfloat16)
+except ImportError:
+    pass
+SIZES = [0, 1, 7, 1000, 70_001, 300_001]  # 300_001 float64 spans several 256 KiB chunks
+
+def data(rank, count, dtype):
+    rng = np.random.default_rng(1000 * rank + count)
+    return rng.integers(1, 4, size=count).astype(dtype)   # small ints: exact in every dtype
+
+def expect(op, xs):
+    if op in ("sum", "avg"):
+        acc = sum(x.astype(np.float64) for x in xs)
+        return acc / len(xs) if op == "avg" else acc
+    if op == "prod":
+        return np.prod([x.astype(np.float64) for x in xs], axis=0)
+    return (np.minimum if op == "min" else np.maximum).reduce([x.astype(np.float64) for x in xs])
+
+digest = hashlib.sha256()
+for dtype in DTYPES:
+    for count in SIZES:
+        xs = [data(q, count, dtype) for q in range(n)]
+        for op in ["sum", "prod", "min", "max", "avg"]:
+            if op == "prod" and count > 1000:
+                continue
+            y = tc.allreduce(xs[r], op=op)
+            e = expect(op, xs)
+            if np.dtype(dtype).kind in "iu" and op == "avg":
+                e = np.floor(e)
+            if np.dtype(dtype).kind == "u":
+                e = np.mod(e, 256) if op in ("sum", "prod") else e
+            # avg divides: exact to the dtype's precision only
+            tol = {1: 0, 2: 1e-2, 4: 1e-6, 8: 1e-12}[np.dtype(dtype).itemsize] if op == "avg" else 0
+            assert np.allclose(y.astype(np.float64), e.astype(np.float64), rtol=tol, atol=tol), (dtype, count, op)
+            digest.update(y.tobytes())
+        # in place
+        x = xs[r].copy()
+        tc.allreduce(x, out=x)
+        assert np.array_equal(x.astype(np.float64), expect("sum", xs).astype(np.dtype(dtype)).astype(np.float64)), (dtype, count)
+        # broadcast from every root
+        for root in range(n):
+            b = xs[r].copy()
+            tc.broadcast(b, root=root)
+            assert np.array_equal(b, xs[root]), (dtype, count, root)
+        # allgather, reduce_scatter
+        g = tc.allgather(xs[r])
+        assert g.shape == (n, count) and all(np.array_equal(g[q], xs[q]) for q in range(n))
+        blk = [data(q, n * max(count // 7, 1), dtype) for q in range(n)]
+        rs = tc.reduce_scatter(blk[r])
+        k = len(blk[r]) // n
+        full = expect("sum", blk).astype(np.dtype(dtype))
+        assert np.array_equal(rs, full[r * k:(r + 1) * k]), (dtype, count)
+    tc.barrier()
+
+# allgatherv with a different first dimension per rank
+v = tc.allgatherv(np.full((r + 1, 3), r, dtype=np.int32))
+assert v.shape == (n * (n + 1) // 2, 3)
+assert v[:, 0].tolist() == [q for q in range(n) for _ in range(q + 1)]
+# non-blocking forms overlap and complete in order
+works = [tc.iallreduce(np.full(5000, r + i, np.float32)) for i in range(6)]
+for i, w in enumerate(works):
+    assert np.all(w.wait() == sum(q + i for q in range(n)))
+assert tc.ibarrier().wait() is None
+# results are bitwise identical on every rank
+h = np.frombuffer(digest.digest(), dtype=np.uint8)
+assert (tc.allgather(h) == h).all(), "ranks disagree bitwise"
+print("transports", tc.transports())
+print("ok")
+"""
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_every_collective_shm(n: int, tmp_path: Path) -> None:
+    results = run(n, CHECK_ALL, tmp_path, timeout=220)
+    assert all(res.stdout.strip().endswith("ok") for res in results)
+    if n > 1:
+        assert "shm" in results[0].stdout
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("n", [2, 3])
+def test_every_collective_across_hosts(n: int, tmp_path: Path) -> None:
+    # Two fake hosts (node ranks): pairs on different nodes use TCP, same node shm.
+    results = run(n, CHECK_ALL, tmp_path, timeout=220, nodes=2)
+    assert all(res.stdout.strip().endswith("ok") for res in results)
+    assert "tcp" in results[0].stdout
+
+
+@pytest.mark.timeout(120)
+def test_forced_tcp_transport(tmp_path: Path) -> None:
+    code = """
+import numpy as np, tnt_comm as tc
+assert tc.transports()[1 - tc.rank()] == "tcp", tc.transports()
+x = np.arange(1_000_000, dtype=np.float32)
+assert np.array_equal(tc.allreduce(x), 2 * x)
+print("ok")
+"""
+    run(2, code, tmp_path, env={"TNT_TRANSPORT": "tcp"})
+
+
+@pytest.mark.timeout(180)
+def test_one_gibibyte_allreduce(tmp_path: Path) -> None:
+    code = """
+import numpy as np, tnt_comm as tc
+r = tc.rank()
+x = np.full(1 << 28, r + 1, dtype=np.float32)  # 1 GiB
+tc.allreduce(x, out=x)
+assert x[0] == 3 and x[-1] == 3 and (x == 3).all()
+print("ok")
+"""
+    run(2, code, tmp_path, timeout=170)

@@ -1,0 +1,199 @@
+"""Mismatched collectives, dead peers, timeouts and bad input: clear errors, never hangs."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from ranks import Job, run
+
+MISMATCHES = {
+    "op": ("tc.allreduce(np.ones(10, np.float32), op='sum')", "tc.allreduce(np.ones(10, np.float32), op='max')"),
+    "dtype": ("tc.allreduce(np.ones(10, np.float32))", "tc.allreduce(np.ones(10, np.float64))"),
+    "count": ("tc.allreduce(np.ones(10, np.float32))", "tc.allreduce(np.ones(12, np.float32))"),
+    "kind": ("tc.allreduce(np.ones(10, np.float32))", "tc.broadcast(np.ones(10, np.float32))"),
+    "order": (
+        "tc.allreduce(np.ones(10, np.float32)); tc.allreduce(np.ones(99, np.float32))",
+        "tc.allreduce(np.ones(99, np.float32)); tc.allreduce(np.ones(10, np.float32))",
+    ),
+}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("what", sorted(MISMATCHES))
+def test_mismatch_raises_on_every_rank(what: str, tmp_path: Path) -> None:
+    zero, others = MISMATCHES[what]
+    code = f"""
+import numpy as np, tnt_comm as tc
+try:
+    if tc.rank() == 0:
+        {zero}
+    else:
+        {others}
+except tc.CollectiveMismatch as e:
+    print("MISMATCH", e)
+else:
+    print("NO ERROR")
+"""
+    results = Job(3, code, tmp_path, env={"TNT_TIMEOUT_S": "30"}).wait(50)
+    for res in results:
+        assert "MISMATCH" in res.stdout, (res.rank, res.stdout, res.stderr[-2000:])
+        # The message names both sides: rank 0's call and another rank's call.
+        assert "rank 0" in res.stdout and ("rank 1" in res.stdout or "rank 2" in res.stdout)
+
+
+@pytest.mark.timeout(60)
+def test_killed_rank_raises_peer_failure_everywhere(tmp_path: Path) -> None:
+    code = """
+import os, signal, time, numpy as np, tnt_comm as tc
+r = tc.rank()
+x = np.ones(4_000_000, np.float32)
+tc.allreduce(x)
+if r == 2:
+    os.kill(os.getpid(), signal.SIGKILL)
+t = time.monotonic()
+try:
+    for _ in range(1000):
+        tc.allreduce(x)
+except tc.PeerFailure as e:
+    print("PEER", e.rank, round(time.monotonic() - t, 2), e)
+"""
+    job = Job(4, code, tmp_path, env={"TNT_TIMEOUT_S": "60"})
+    results = job.wait(50)
+    assert results[2].returncode == -9
+    for res in results:
+        if res.rank == 2:
+            continue
+        assert res.stdout.startswith("PEER 2 "), (res.rank, res.stdout, res.stderr[-2000:])
+        assert float(res.stdout.split()[2]) < 10
+        assert "rank 2" in res.stdout
+    assert not job.shm_leftovers()
+
+
+@pytest.mark.timeout(60)
+def test_wait_past_timeout_raises(tmp_path: Path) -> None:
+    code = """
+import time, numpy as np, tnt_comm as tc
+if tc.rank() == 1:
+    time.sleep(8)      # never joins in time
+    print("late")
+else:
+    t = time.monotonic()
+    try:
+        tc.allreduce(np.ones(10, np.float32))
+    except tc.Timeout as e:
+        assert isinstance(e, TimeoutError)
+        print("TIMEOUT", round(time.monotonic() - t, 1), e)
+"""
+    job = Job(2, code, tmp_path, env={"TNT_TIMEOUT_S": "2"})
+    results = job.wait(40)
+    assert results[0].stdout.startswith("TIMEOUT"), results[0].stderr[-2000:]
+    assert 1.5 <= float(results[0].stdout.split()[1]) < 6
+    assert "rank 1" in results[0].stdout
+    assert not job.shm_leftovers()
+
+
+@pytest.mark.timeout(60)
+def test_work_wait_timeout_and_bad_input(tmp_path: Path) -> None:
+    code = """
+import numpy as np, tnt_comm as tc
+r = tc.rank()
+def expect(exc, fn, text):
+    try:
+        fn()
+    except exc as e:
+        assert text in str(e), str(e)
+    else:
+        raise AssertionError(f"no {exc.__name__}")
+expect(TypeError, lambda: tc.allreduce(np.ones(3, dtype=np.complex64)), "complex64")
+expect(TypeError, lambda: tc.allreduce(np.ones(3, dtype=bool)), "astype")
+expect(ValueError, lambda: tc.allreduce(np.ones((4, 4), np.float32)[:, 1]), "C-contiguous")
+expect(ValueError, lambda: tc.allreduce(np.ones(4, np.float32), out=np.empty(5, np.float32)), "5 elements")
+expect(TypeError, lambda: tc.allreduce(np.ones(4, np.float32), out=np.empty(4, np.float64)), "dtype")
+ro = np.ones(4, np.float32); ro.setflags(write=False)
+expect(ValueError, lambda: tc.broadcast(ro), "read-only")
+expect(ValueError, lambda: tc.allreduce(np.ones(4, np.float32), op="median"), "median")
+expect(ValueError, lambda: tc.reduce_scatter(np.ones(3, np.float32)), "multiple of the group size")
+expect(ValueError, lambda: tc.broadcast(np.ones(3), root=5), "not in this group")
+expect(ValueError, lambda: tc.send(np.ones(3), r), "itself")
+expect(TypeError, lambda: tc.allreduce("text"), "buffer protocol")
+# bytearray and memoryview work, zero-copy
+buf = bytearray(b"\\x01\\x02\\x03")
+tc.broadcast(buf, root=0)
+# A Work waited with a timeout that passes raises, and the operation goes on.
+w = tc.ibarrier() if r == 0 else None
+if r == 0:
+    try:
+        w.wait(timeout=0.2)
+    except tc.Timeout:
+        print("timeout ok")
+if r == 1:
+    import time; time.sleep(1.0)
+    tc.barrier()
+else:
+    w.wait()
+print("ok")
+"""
+    results = run(2, code, tmp_path)
+    assert "timeout ok" in results[0].stdout
+
+
+@pytest.mark.timeout(60)
+def test_rendezvous_names_missing_rank(tmp_path: Path) -> None:
+    code = """
+import os, tnt_comm as tc
+try:
+    tc.init()
+except tc.Timeout as e:
+    print("RDV", e)
+"""
+    job = Job(3, code, tmp_path, env={"TNT_TIMEOUT_S": "3"})
+    job.procs[2].kill()  # rank 2 never arrives
+    results = job.wait(40)
+    assert "RDV" in results[0].stdout and "2" in results[0].stdout.split("did not arrive")[0], results[0]
+    assert not job.shm_leftovers()
+
+
+@pytest.mark.timeout(60)
+def test_wrong_token_is_rejected(tmp_path: Path) -> None:
+    code = """
+import os, tnt_comm as tc
+if tc_rank := int(os.environ["TNT_RANK"]):
+    os.environ["TNT_JOB_TOKEN"] = "not-the-token"
+try:
+    tc.init()
+    print("joined")
+except tc.TntError as e:
+    print("REJECTED", e)
+"""
+    results = Job(2, code, tmp_path, env={"TNT_TIMEOUT_S": "3"}).wait(40)
+    assert "REJECTED" in results[1].stdout and "TNT_JOB_TOKEN" in results[1].stdout, results[1]
+
+
+@pytest.mark.timeout(60)
+def test_idle_runtime_uses_no_cpu(tmp_path: Path) -> None:
+    code = """
+import time, numpy as np, tnt_comm as tc
+tc.allreduce(np.ones(1000, np.float32))
+c0, t0 = time.process_time(), time.monotonic()
+time.sleep(2.0)
+busy = (time.process_time() - c0) / (time.monotonic() - t0)
+tc.barrier()
+print("busy", busy)
+"""
+    for res in run(2, code, tmp_path):
+        assert float(res.stdout.split()[1]) < 0.01, res.stdout
+
+
+def test_single_rank_without_environment() -> None:
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TNT_")}
+    code = "import numpy as np, tnt_comm as tc; print(tc.size(), tc.allreduce(np.ones(3))[0])"
+    t = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30)
+    assert out.stdout.split() == ["1", "1.0"], out.stderr
+    assert time.monotonic() - t < 30
