@@ -1,0 +1,231 @@
+"""One rank of the allreduce benchmark; started by allreduce.py, never by hand.
+
+``python _worker.py LIB PLAN.json``: initialises LIB (tnt, mpi or gloo) from the environment the
+driver (or mpirun) set, then for each message size of the plan checks one allreduce against the
+expected sum, runs the warm-up iterations, and records a timestamp after each timed iteration. Each
+finished size becomes one JSON line in ``RESULTS/LIB.r<rank>.jsonl``; the driver turns them into
+per-iteration times (max over ranks) and medians.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+# The driver looks for this in /proc/PID/cmdline before it kills a PID a worker reported.
+MARKER = "_worker.py"
+
+
+class Library(Protocol):
+    rank: int
+    size: int
+
+    def prepare(
+        self, count: int
+    ) -> tuple[Callable[[], None], Callable[[], np.ndarray]]:
+        """Allocates the buffers for ``count`` float32 elements, filled with ``rank + 1``, and
+        returns (one allreduce-sum without allocation, a view of the result)."""
+        ...
+
+    def after_check(self) -> None:
+        """Called after the correctness check, before warm-up."""
+        ...
+
+    def barrier(self) -> None: ...
+
+    def version(self) -> str: ...
+
+    def finalize(self) -> None: ...
+
+
+class TntLibrary:
+    def __init__(self) -> None:
+        import tnt_comm
+
+        self.tnt = tnt_comm
+        tnt_comm.init()
+        self.rank = int(tnt_comm.rank())
+        self.size = int(tnt_comm.size())
+
+    def prepare(
+        self, count: int
+    ) -> tuple[Callable[[], None], Callable[[], np.ndarray]]:
+        x = np.full(count, self.rank + 1, dtype=np.float32)
+        y = np.empty_like(x)
+        allreduce = self.tnt.allreduce
+
+        def step() -> None:
+            allreduce(x, op="sum", out=y)
+
+        return step, lambda: y
+
+    def after_check(self) -> None:
+        pass
+
+    def barrier(self) -> None:
+        self.tnt.barrier()
+
+    def version(self) -> str:
+        return f"tnt_comm {getattr(self.tnt, '__version__', '?')}"
+
+    def finalize(self) -> None:
+        self.tnt.finalize()
+
+
+class MpiLibrary:
+    def __init__(self) -> None:
+        from mpi4py import MPI
+
+        self.mpi = MPI
+        self.comm = MPI.COMM_WORLD
+        self.rank = int(self.comm.Get_rank())
+        self.size = int(self.comm.Get_size())
+
+    def prepare(
+        self, count: int
+    ) -> tuple[Callable[[], None], Callable[[], np.ndarray]]:
+        x = np.full(count, self.rank + 1, dtype=np.float32)
+        y = np.empty_like(x)
+        allreduce, op = self.comm.Allreduce, self.mpi.SUM
+        send, recv = [x, self.mpi.FLOAT], [y, self.mpi.FLOAT]
+
+        def step() -> None:
+            allreduce(send, recv, op)
+
+        return step, lambda: y
+
+    def after_check(self) -> None:
+        pass
+
+    def barrier(self) -> None:
+        self.comm.Barrier()
+
+    def version(self) -> str:
+        lib = self.mpi.Get_library_version().split(",")[0].strip()
+        return f"{lib}, mpi4py {sys.modules['mpi4py'].__version__}"
+
+    def finalize(self) -> None:
+        pass  # mpi4py finalizes at exit
+
+
+class GlooLibrary:
+    def __init__(self) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self.torch = torch
+        self.dist = dist
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        addr, port = os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://{addr}:{port}",
+            rank=rank,
+            world_size=size,
+            timeout=timedelta(seconds=float(os.environ.get("BENCH_TIMEOUT_S", "120"))),
+        )
+        self.rank, self.size = dist.get_rank(), dist.get_world_size()
+        self.tensor: object = None
+
+    def prepare(
+        self, count: int
+    ) -> tuple[Callable[[], None], Callable[[], np.ndarray]]:
+        # torch.distributed has no out-of-place allreduce: the tensor is reduced in place.
+        t = self.torch.full((count,), float(self.rank + 1), dtype=self.torch.float32)
+        self.tensor = t
+        all_reduce = self.dist.all_reduce
+
+        def step() -> None:
+            all_reduce(t)
+
+        return step, lambda: t.numpy()
+
+    def after_check(self) -> None:
+        # In place, repeated sums of non-zero values would overflow to inf; zeros stay zeros at the
+        # same cost per element.
+        self.tensor.zero_()  # type: ignore[attr-defined]
+
+    def barrier(self) -> None:
+        self.dist.barrier()
+
+    def version(self) -> str:
+        return f"torch {self.torch.__version__} gloo"
+
+    def finalize(self) -> None:
+        self.dist.destroy_process_group()
+
+
+LIBRARIES: dict[str, Callable[[], Library]] = {
+    "tnt": TntLibrary,
+    "mpi": MpiLibrary,
+    "gloo": GlooLibrary,
+}
+
+
+def measure(lib: Library, nbytes: int, iters: int, warmup: int) -> dict[str, object]:
+    count = nbytes // 4
+    step, result = lib.prepare(count)
+    lib.barrier()
+    step()
+    expected = lib.size * (lib.size + 1) / 2
+    out = result()
+    if out.shape != (count,) or not np.all(out == expected):
+        bad = int(np.argmax(out != expected)) if out.shape == (count,) else -1
+        got = out[bad] if bad >= 0 else out.shape
+        return {
+            "size": nbytes,
+            "error": f"wrong result: element {bad} is {got}, not {expected}",
+        }
+    lib.after_check()
+    for _ in range(warmup):
+        step()
+    lib.barrier()
+    clock = time.perf_counter_ns
+    stamps = [0] * (iters + 1)
+    stamps[0] = clock()
+    for i in range(1, iters + 1):
+        step()
+        stamps[i] = clock()
+    lib.barrier()
+    return {"size": nbytes, "ns": [b - a for a, b in itertools.pairwise(stamps)]}
+
+
+def main(argv: list[str]) -> int:
+    name, plan_path = argv[1], Path(argv[2])
+    plan = json.loads(plan_path.read_text())
+    if os.environ.get("BENCH_CPUS"):
+        # Before the library starts any thread, so that all of them inherit it.
+        os.sched_setaffinity(0, {int(c) for c in os.environ["BENCH_CPUS"].split(",")})
+    results = Path(plan["results"])
+    # Before init, which is where a broken library would hang.
+    (results / f"{name}.{os.getpid()}.pid").write_text(str(os.getpid()))
+    lib = LIBRARIES[name]()
+    with (results / f"{name}.r{lib.rank}.jsonl").open("a") as out:
+        out.write(json.dumps({"version": lib.version()}) + "\n")
+        for item in plan["sizes"]:
+            record = measure(lib, item["bytes"], item["iters"], item["warmup"])
+            out.write(json.dumps(record) + "\n")
+            out.flush()
+    lib.barrier()
+    lib.finalize()
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv))
+    except Exception:  # noqa: BLE001 - any failure: report it, then exit without teardown
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)  # skip library teardown that could wait on a dead peer

