@@ -175,8 +175,8 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]:
         "PasswordAuthentication no\n"
         "KbdInteractiveAuthentication no\n"
         "X11Forwarding no\n"
-        "MaxStartups 100:30:200\n"
-        "MaxSessions 100\n"
+        # OpenSSH's defaults, stated: tnt-launch must start many ranks on one host within them.
+        "MaxStartups 10:30:100\n"
         "LogLevel ERROR\n"
     )
     if os.geteuid() == 0:

@@ -37,6 +37,7 @@ def main() -> int:
     parser.add_argument("--touch-shm", action="store_true")
     parser.add_argument("--spawn-child", action="store_true")
     parser.add_argument("--lines", type=int, default=1)
+    parser.add_argument("--progress", action="store_true", help="end with an unfinished line")
     args, rest = parser.parse_known_args()
 
     rank = int(os.environ["TNT_RANK"])
@@ -79,6 +80,9 @@ def main() -> int:
         print(f"stdout line {i} of rank {rank}")
     print(f"stderr line of rank {rank}", file=sys.stderr)
     sys.stdout.flush()
+    if args.progress:
+        sys.stderr.write(f"progress of rank {rank}: 50%\r")
+        sys.stderr.flush()
 
     if rank == args.kill_rank:
         time.sleep(0.2)

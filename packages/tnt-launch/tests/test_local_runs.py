@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import stat
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -209,3 +211,26 @@ def test_dry_run_starts_nothing(launcher: Launcher, reports: Path) -> None:
     assert "Dry run: nothing was started." in text
     assert not list(reports.iterdir())
     assert not list(Path(launcher.env["TNT_LAUNCH_REGISTRY"]).glob("*.json"))
+
+
+@pytest.mark.timeout(60)
+def test_unfinished_lines_of_rank_0_show_at_once(launcher: Launcher, reports: Path) -> None:
+    """A progress bar redrawn with carriage returns is shown before its line ends."""
+    proc = launcher.start(["-n", "2", "--no-gpu", "--", RANK, str(reports), "--progress",
+                           "--sleep", "60"])
+    try:
+        assert proc.stderr is not None
+        os.set_blocking(proc.stderr.fileno(), False)
+        seen = b""
+        deadline = time.monotonic() + 30
+        while b"progress of rank 0: 50%\r" not in seen and time.monotonic() < deadline:
+            seen += proc.stderr.buffer.read1(65536) or b""  # type: ignore[attr-defined]
+            time.sleep(0.05)
+        assert seen == b"stderr line of rank 0\nprogress of rank 0: 50%\r"
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+        assert proc.returncode == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()

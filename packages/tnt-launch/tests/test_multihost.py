@@ -142,3 +142,17 @@ def test_unreachable_host_is_a_clear_error(launcher: Launcher, sshd: SshServer,
     assert done.stderr.startswith("tnt-launch: error: cannot reach host 127.0.0.3 over ssh: ")
     assert "Connection refused" in done.stderr and done.stderr.count("\n") == 1
     assert not list(reports.iterdir())
+
+
+@pytest.mark.timeout(90)
+def test_many_ranks_on_one_host_stay_within_sshds_connection_limit(
+    launcher: Launcher, sshd: SshServer, reports: Path
+) -> None:
+    launcher.env["TNT_SSH_OPTS"] = sshd.options
+    hostfile = sshd.hostfile(launcher.cwd, "127.0.0.2 slots=14")
+    done = launcher.run(["--hostfile", str(hostfile), "--ssh-port", str(sshd.port), "--no-gpu",
+                         "--", RANK, str(reports)])
+    assert done.returncode == 0, done.stderr
+    got = read_reports(reports, 14)
+    assert [r["env"]["TNT_LOCAL_RANK"] for r in got] == [str(r) for r in range(14)]
+    assert {r["env"]["TNT_MASTER_ADDR"] for r in got} == {"127.0.0.2"}

@@ -7,8 +7,9 @@ over ssh, in one of four modes:
   itself a child subreaper so that nothing the rank starts can escape it. It stops the rank
   (SIGTERM to the group, SIGKILL after the grace period) when asked ('T' on stdin; 'K' kills at
   once), when it gets SIGTERM/SIGINT/SIGHUP, and when its stdin closes: the launcher or the ssh
-  connection is gone. Once the rank has exited, everything left of it is killed, and the agent
-  reports the rank's exit status on stderr as one line starting with `MARKER`.
+  connection is gone. Once the rank has exited, everything left of it is killed. The agent
+  talks to tnt-launch on stderr, in lines starting with `MARKER`: {"event": "ready"} as soon as
+  it runs, {"event": "exit", ...} with the rank's status at the end.
 - ``probe``: describe this host (GPUs, CPUs, NUMA nodes, numactl, optionally a free TCP port).
 - ``cleanup``: `jobs.cleanup` on this host.  ``finish``: `jobs.finish_job` on this host.
 
@@ -34,8 +35,8 @@ from typing import Any
 
 from tnt_launch import jobs
 
-MARKER = "\x1eTNT-AGENT-EXIT "
-"""Starts the status line an agent writes to stderr after its rank has ended."""
+MARKER = "\x1eTNT-AGENT "
+"""Starts the lines an agent writes to stderr for tnt-launch (never shown to users)."""
 
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -154,18 +155,22 @@ def _reap_leftovers(pid: int) -> None:
         time.sleep(0.01)
 
 
-def _report(rank: int, code: int | None, sig: int | None = None, error: str | None = None) -> int:
-    status = {"rank": rank, "code": code, "signal": sig, "error": error}
+def _tell(message: dict[str, Any]) -> None:
     try:
-        os.write(2, (MARKER + json.dumps(status) + "\n").encode())
+        os.write(2, (MARKER + json.dumps(message) + "\n").encode())
     except OSError:
         pass
+
+
+def _report(rank: int, code: int | None, sig: int | None = None, error: str | None = None) -> int:
+    _tell({"event": "exit", "rank": rank, "code": code, "signal": sig, "error": error})
     return code if code is not None else 128 + (sig or 0)
 
 
 def run_rank(request: dict[str, Any], pending: bytes = b"") -> int:
     """Start the rank described by `request`, supervise it, report its status; return exit code."""
     rank = int(request["rank"])
+    _tell({"event": "ready", "rank": rank})
     stopper = _Stopper(float(request.get("grace", jobs.GRACE_S)))
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: stopper.request())

@@ -31,6 +31,10 @@ from tnt_launch.plan import Plan, RankSpec
 from tnt_launch.spawn import SshSettings, start_agent
 
 TAIL_LINES = 20
+SSH_STARTS_PER_HOST = 8
+"""Agents started over ssh to one host that may be connecting at once: fewer than OpenSSH's
+default MaxStartups (10), beyond which sshd drops new connections at random."""
+_MAX_LINE = 65536
 _MARKER = MARKER.encode()
 _HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -85,6 +89,44 @@ class _Output:
             self._broken.add(stream)
 
 
+class _AgentLines:
+    """Separates the agent's own lines (see `_agent.MARKER`) from a rank's stderr.
+
+    The agent writes them only before its rank starts and after it has ended, so they never
+    split a line of the rank; a marker cut in two by a read is held back until it is whole.
+    """
+
+    def __init__(self) -> None:
+        self.held = b""
+
+    def feed(self, data: bytes) -> tuple[bytes, list[bytes]]:
+        data = self.held + data
+        self.held = b""
+        passed = bytearray()
+        messages = []
+        while (at := data.find(_MARKER)) >= 0:
+            end = data.find(b"\n", at)
+            if end < 0:
+                break
+            passed += data[:at]
+            messages.append(data[at + len(_MARKER) : end])
+            data = data[end + 1 :]
+        cut = data.find(_MARKER)
+        if cut < 0:
+            cut = data.rfind(b"\x1e")
+            if cut >= 0 and not _MARKER.startswith(data[cut:]):
+                cut = -1
+        if cut >= 0 and len(data) - cut <= _MAX_LINE:
+            self.held = data[cut:]
+            data = data[:cut]
+        passed += data
+        return bytes(passed), messages
+
+    def flush(self) -> bytes:
+        held, self.held = self.held, b""
+        return held
+
+
 class _Stream:
     def __init__(self, run: _RankRun, name: str, fd: int) -> None:
         self.run = run
@@ -92,6 +134,7 @@ class _Stream:
         self.fd = fd
         self.partial = b""
         self.open = True
+        self.agent_lines = _AgentLines() if name == "err" else None
 
 
 class _RankRun:
@@ -101,6 +144,7 @@ class _RankRun:
         self.spec = spec
         self.proc = proc
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self.ready = False
         self.reported: dict[str, Any] | None = None
         self.status: RankStatus | None = None
         self.exited_at: float | None = None
@@ -167,6 +211,7 @@ class Supervisor:
         self.output = _Output(out or sys.stdout.buffer, err or sys.stderr.buffer)
         self.grace = grace
         self.runs: list[_RankRun] = []
+        self.pending: list[RankSpec] = []
         self.selector = selectors.DefaultSelector()
         self.first_failure: _RankRun | None = None
         self.received_signal: int | None = None
@@ -214,49 +259,85 @@ class Supervisor:
             os.set_blocking(stream.fd, False)
             self.selector.register(stream.fd, selectors.EVENT_READ, stream)
 
+    def _start_pending(self) -> None:
+        """Start the ranks not started yet, as far as the per-host ssh limit allows."""
+        if self.stopping:
+            self.pending = []
+            return
+        connecting: dict[str, int] = {}
+        for run in self.runs:
+            if not run.spec.local and run.running and not run.ready:
+                connecting[run.spec.host] = connecting.get(run.spec.host, 0) + 1
+        waiting = []
+        for spec in self.pending:
+            self._handle_signals()
+            if self.stopping:
+                self.pending = []
+                return
+            if not spec.local:
+                if connecting.get(spec.host, 0) >= SSH_STARTS_PER_HOST:
+                    waiting.append(spec)
+                    continue
+                connecting[spec.host] = connecting.get(spec.host, 0) + 1
+            self._start(spec)
+        self.pending = waiting
+
     # -- output -----------------------------------------------------------------------------
 
     def _live(self, run: _RankRun) -> bool:
         return self.config.output_on_all_devices or run.spec.rank == 0
 
     def _prefix(self, run: _RankRun) -> bytes:
-        return f"[rank {run.spec.rank}] ".encode() if self.config.output_on_all_devices else b""
+        return f"[rank {run.spec.rank}] ".encode()
 
     def _on_data(self, stream: _Stream, data: bytes) -> None:
         run = stream.run
-        if stream.name == "out" and not self.config.output_on_all_devices:
-            # Passed through as it comes, so progress bars and prompts show at once.
-            if "out" in run.files:
-                run.files["out"].write(data)
-            if self._live(run):
-                self.output.write("out", data)
+        if stream.agent_lines is not None:
+            data, messages = stream.agent_lines.feed(data)
+            for message in messages:
+                self._on_message(run, message)
+        self._on_output(stream, data)
+
+    def _on_output(self, stream: _Stream, data: bytes) -> None:
+        run = stream.run
+        if not data:
+            return
+        if stream.name in run.files:
+            run.files[stream.name].write(data)
+        prefixed = self.config.output_on_all_devices
+        if self._live(run) and not prefixed:
+            # Passed on as it comes, so progress bars and prompts show at once.
+            self.output.write(stream.name, data)
+        if not prefixed and stream.name == "out":
             return
         lines = (stream.partial + data).split(b"\n")
         stream.partial = lines.pop()
+        if len(stream.partial) > _MAX_LINE:
+            lines.append(stream.partial)
+            stream.partial = b""
         for line in lines:
             self._on_line(stream, line + b"\n")
 
     def _on_line(self, stream: _Stream, line: bytes) -> None:
         run = stream.run
         if stream.name == "err":
-            at = line.find(_MARKER)
-            if at >= 0:
-                self._on_report(run, line[at + len(_MARKER) :])
-                line = line[:at]
-                if not line:
-                    return
-                line += b"\n"
-            run.tail.append(line.decode(errors="replace").rstrip("\n"))
-        if stream.name in run.files:
-            run.files[stream.name].write(line)
-        if self._live(run):
+            # Of a line redrawn with carriage returns (a progress bar) keep the last state.
+            text = line.decode(errors="replace").rstrip("\n").rstrip("\r")
+            run.tail.append(text.rsplit("\r", 1)[-1])
+        if self.config.output_on_all_devices:
             self.output.write(stream.name, self._prefix(run) + line)
 
-    def _on_report(self, run: _RankRun, payload: bytes) -> None:
+    def _on_message(self, run: _RankRun, payload: bytes) -> None:
         try:
-            run.reported = json.loads(payload.decode(errors="replace"))
+            message = json.loads(payload.decode(errors="replace"))
         except ValueError:
-            run.reported = None
+            return
+        if not isinstance(message, dict):
+            return
+        if message.get("event") == "ready":
+            run.ready = True
+        elif message.get("event") == "exit":
+            run.reported = message
 
     def _read(self, stream: _Stream) -> None:
         try:
@@ -274,12 +355,11 @@ class Supervisor:
         if not stream.open:
             return
         stream.open = False
+        if stream.agent_lines is not None:
+            self._on_output(stream, stream.agent_lines.flush())
         if stream.partial:
             partial, stream.partial = stream.partial, b""
-            if stream.name == "out" and not self.config.output_on_all_devices:
-                self._on_data(stream, partial)
-            else:
-                self._on_line(stream, partial + b"\n")
+            self._on_line(stream, partial + b"\n")
         self.selector.unregister(stream.fd)
         file = stream.run.files.pop(stream.name, None)
         if file is not None:
@@ -324,9 +404,7 @@ class Supervisor:
         run.failed_on_its_own = True
         if self.first_failure is None:
             self.first_failure = run
-            others = sum(1 for r in self.runs if r.running) + (
-                self.plan.size - len(self.runs)
-            )
+            others = sum(1 for r in self.runs if r.running)
             self._say(
                 f"{self._where(run)} {status.describe()}; stopping the job"
                 + (f" ({others} other rank(s) still running)" if others else "")
@@ -428,12 +506,9 @@ class Supervisor:
         """Run the job to its end and return tnt-launch's exit code."""
         previous = self._install_signals()
         try:
-            for spec in self.plan.ranks:
-                self._handle_signals()
-                if self.stopping:
-                    break
-                self._start(spec)
-            while any(run.running for run in self.runs):
+            self.pending = list(self.plan.ranks)
+            self._start_pending()
+            while self.pending or any(run.running for run in self.runs):
                 for key, _ in self.selector.select(timeout=0.1):
                     if key.data is None:
                         self._handle_signals()
@@ -442,6 +517,7 @@ class Supervisor:
                 self._handle_signals()
                 self._poll_exits()
                 self._check_deadlines()
+                self._start_pending()
         finally:
             for run in self.runs:
                 run.close_stdin()
