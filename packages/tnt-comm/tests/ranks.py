@@ -43,15 +43,23 @@ class Job:
         for r in range(n):
             e = dict(os.environ)
             e.update(
-                TNT_RANK=str(r), TNT_SIZE=str(n), TNT_LOCAL_RANK=str(r % per_node),
+                TNT_RANK=str(r),
+                TNT_SIZE=str(n),
+                TNT_LOCAL_RANK=str(r % per_node),
                 TNT_LOCAL_SIZE=str(min(per_node, n - (r // per_node) * per_node)),
-                TNT_NODE_RANK=str(r // per_node), TNT_MASTER_ADDR="127.0.0.1",
-                TNT_MASTER_PORT=str(port), TNT_JOB_ID=self.job_id, TNT_JOB_TOKEN=token,
+                TNT_NODE_RANK=str(r // per_node),
+                TNT_MASTER_ADDR="127.0.0.1",
+                TNT_MASTER_PORT=str(port),
+                TNT_JOB_ID=self.job_id,
+                TNT_JOB_TOKEN=token,
                 PYTHONUNBUFFERED="1",
             )
             e.update(env or {})
-            self.procs.append(subprocess.Popen([sys.executable, str(script)], env=e, text=True,
-                                               stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+            self.procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(script)], env=e, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+                )
+            )
 
     def wait(self, timeout: float = 60) -> list[Result]:
         deadline = time.monotonic() + timeout

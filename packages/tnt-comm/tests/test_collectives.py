@@ -50,7 +50,8 @@ for dtype in DTYPES:
         # in place
         x = xs[r].copy()
         tc.allreduce(x, out=x)
-        assert np.array_equal(x.astype(np.float64), expect("sum", xs).astype(np.dtype(dtype)).astype(np.float64)), (dtype, count)
+        want = expect("sum", xs).astype(np.dtype(dtype)).astype(np.float64)
+        assert np.array_equal(x.astype(np.float64), want), (dtype, count)
         # broadcast from every root
         for root in range(n):
             b = xs[r].copy()

@@ -18,8 +18,9 @@ optional ``group`` (see ``new_group``); non-blocking forms are prefixed ``i`` an
 from __future__ import annotations
 
 import atexit
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -255,8 +256,7 @@ class Group:
         if a.ndim == 0 or a.shape[0] % n != 0:
             first = a.shape[0] if a.ndim else "a scalar"
             raise ValueError(
-                f"reduce_scatter: the first dimension of x ({first}) must be a multiple of the "
-                f"group size {n}"
+                f"reduce_scatter: the first dimension of x ({first}) must be a multiple of the group size {n}"
             )
         o = np.empty((a.shape[0] // n, *a.shape[1:]), dtype=a.dtype)
         native = _core.reduce_scatter(self._g, a, o, _op(op), blocking)
@@ -294,7 +294,13 @@ class FusedAllreduce:
     and every earlier bucket have started; ``wait(i)`` returns tensor i's reduced values.
     """
 
-    def __init__(self, tensors: Sequence[tuple[Sequence[int], Any]], threshold_bytes: int = 0, op: str = "sum", group: Group | None = None) -> None:
+    def __init__(
+        self,
+        tensors: Sequence[tuple[Sequence[int], Any]],
+        threshold_bytes: int = 0,
+        op: str = "sum",
+        group: Group | None = None,
+    ) -> None:
         g = group or world()
         self._shapes = [tuple(int(d) for d in shape) for shape, _ in tensors]
         self._dtypes = [np.dtype(dt) for _, dt in tensors]

@@ -45,7 +45,7 @@ class Allgatherv final : public Operation {
       }
       std::uint64_t index;
       while (const MessageHeader* h = recvs_[p].next(desc_, &index)) {
-        std::memcpy(out_ + offsets_[p] + static_cast<std::size_t>(h->tag) * p_bytes,
+        if (h->bytes > 0) std::memcpy(out_ + offsets_[p] + static_cast<std::size_t>(h->tag) * p_bytes,
                     recvs_[p].payload(h), h->bytes);
         recvs_[p].consume(index);
         advanced = true;

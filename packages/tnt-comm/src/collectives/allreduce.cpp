@@ -127,7 +127,7 @@ class ReduceToOwners final : public Operation {
         advanced = true;
         if (h->tag & kResultTag) {
           const std::size_t c = h->tag & ~kResultTag;
-          std::memcpy(out_full_ + offsets_[p] + c * p_bytes, recvs_[p].payload(h), h->bytes);
+          if (h->bytes > 0) std::memcpy(out_full_ + offsets_[p] + c * p_bytes, recvs_[p].payload(h), h->bytes);
           recvs_[p].consume(index);
         } else {
           const std::size_t slot = static_cast<std::size_t>(h->tag) * n + p;

@@ -37,7 +37,7 @@ class Broadcast final : public Operation {
       RecvStream& r = recvs_[static_cast<std::size_t>(root_)];
       std::uint64_t index;
       while (const MessageHeader* h = r.next(desc_, &index)) {
-        std::memcpy(buf_ + static_cast<std::size_t>(h->tag) * p_bytes, r.payload(h), h->bytes);
+        if (h->bytes > 0) std::memcpy(buf_ + static_cast<std::size_t>(h->tag) * p_bytes, r.payload(h), h->bytes);
         r.consume(index);
         advanced = true;
       }

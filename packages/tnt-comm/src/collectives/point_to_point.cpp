@@ -44,7 +44,7 @@ class Recv final : public Operation {
     RecvStream& r = recvs_[static_cast<std::size_t>(peer_)];
     std::uint64_t index;
     while (const MessageHeader* h = r.next(desc_, &index)) {
-      std::memcpy(buf_ + static_cast<std::size_t>(h->tag) * members_.payload_bytes(), r.payload(h),
+      if (h->bytes > 0) std::memcpy(buf_ + static_cast<std::size_t>(h->tag) * members_.payload_bytes(), r.payload(h),
                   h->bytes);
       r.consume(index);
       advanced = true;

@@ -1,0 +1,46 @@
+"""tnt-comm jobs started by tnt-launch: the environment contract end to end, and failures."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LAUNCH = [sys.executable, "-m", "tnt_launch"]
+
+
+def launch(args: list[str], timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(LAUNCH + args, capture_output=True, text=True, timeout=timeout, cwd=ROOT, check=False)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_example_under_launch(n: int) -> None:
+    out = launch(["-n", str(n), "--output-on-all-devices", "--", "examples/allreduce.py"])
+    assert out.returncode == 0, out.stderr
+    for r in range(n):
+        assert f"rank {r} of {n}" in out.stdout
+    assert f"sum of ranks = {n * (n - 1) // 2}" in out.stdout
+
+
+@pytest.mark.timeout(120)
+def test_crashed_rank_brings_job_down(tmp_path: Path) -> None:
+    script = tmp_path / "crash.py"
+    script.write_text(
+        "import os, signal, numpy as np, tnt_comm as tc\n"
+        "x = np.ones(1000, np.float32)\n"
+        "tc.allreduce(x)\n"
+        "if tc.rank() == 1:\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "while True:\n"
+        "    tc.allreduce(x)\n"
+    )
+    out = launch(["-n", "3", "--", str(script)])
+    assert out.returncode != 0
+    assert "rank 1" in (out.stdout + out.stderr)
+    leftovers = [f for f in os.listdir("/dev/shm") if f.startswith("tnt-")]
+    assert not leftovers, leftovers

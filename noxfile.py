@@ -1,0 +1,101 @@
+"""Every check of the monorepo. `nox` runs the default sessions: the README's test command."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+COMM = ROOT / "packages" / "tnt-comm"
+LAUNCH = ROOT / "packages" / "tnt-launch"
+KERAS = ROOT / "packages" / "tnt-keras"
+TEST_DEPS = ["pytest>=8", "pytest-timeout", "hypothesis", "psutil", "rich"]
+
+nox.options.sessions = ["lint", "comm", "comm_cpp", "comm_asan", "comm_tsan", "launch", "keras", "integration"]
+nox.options.reuse_existing_virtualenvs = True
+
+
+def install_comm(session: nox.Session) -> None:
+    # No build isolation: the build directory (build/{wheel_tag}, see pyproject.toml) then stays
+    # valid from one session to the next and only changed files recompile.
+    session.install("scikit-build-core>=0.10", "pybind11>=2.12", "cmake", "ninja", "numpy")
+    session.install("--no-build-isolation", str(COMM))
+
+
+def ctest(session: nox.Session, name: str, *cmake_args: str) -> None:
+    build = COMM / "build" / name
+    session.install("cmake", "ninja")
+    session.run("cmake", "-S", str(COMM), "-B", str(build), "-G", "Ninja", "-DTNT_COMM_BUILD_TESTS=ON", *cmake_args)
+    session.run("cmake", "--build", str(build))
+    session.run("ctest", "--test-dir", str(build), "--output-on-failure")
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff over all Python code."""
+    session.install("ruff")
+    session.run("ruff", "check", str(ROOT))
+
+
+@nox.session
+def comm(session: nox.Session) -> None:
+    """tnt-comm's Python tests: real ranks, every collective, failures."""
+    install_comm(session)
+    session.install(*TEST_DEPS, "ml_dtypes")
+    session.run("pytest", str(COMM / "tests"), "-q", "-rs", *session.posargs)
+
+
+@nox.session
+def comm_cpp(session: nox.Session) -> None:
+    """tnt-comm's C++ unit tests under ctest."""
+    ctest(session, "ctest")
+
+
+@nox.session
+def comm_asan(session: nox.Session) -> None:
+    """The C++ tests under AddressSanitizer and UndefinedBehaviorSanitizer."""
+    ctest(session, "asan", "-DTNT_COMM_SANITIZE=address", "-DCMAKE_BUILD_TYPE=RelWithDebInfo")
+
+
+@nox.session
+def comm_tsan(session: nox.Session) -> None:
+    """The C++ tests under ThreadSanitizer."""
+    ctest(session, "tsan", "-DTNT_COMM_SANITIZE=thread", "-DCMAKE_BUILD_TYPE=RelWithDebInfo")
+
+
+@nox.session
+def launch(session: nox.Session) -> None:
+    """tnt-launch's tests: planning, real local and ssh multi-host runs, failures, cleanup."""
+    session.install(str(LAUNCH), *TEST_DEPS)
+    session.run("pytest", str(LAUNCH / "tests"), "-q", "-rs", *session.posargs)
+
+
+@nox.session
+def keras(session: nox.Session) -> None:
+    """tnt-keras's tests."""
+    install_comm(session)
+    session.install(str(KERAS), *TEST_DEPS)
+    session.run("pytest", str(KERAS / "tests"), "-q", "-rs", *session.posargs)
+
+
+@nox.session
+def integration(session: nox.Session) -> None:
+    """Tests across packages: collectives in jobs started by tnt-launch."""
+    install_comm(session)
+    session.install(str(LAUNCH), str(KERAS), *TEST_DEPS)
+    session.run("pytest", str(ROOT / "integration"), "-q", "-rs", *session.posargs)
+
+
+@nox.session(default=False)
+def bench(session: nox.Session) -> None:
+    """Allreduce benchmark against Open MPI and Gloo; writes docs/allreduce.png."""
+    install_comm(session)
+    session.install("-r", str(ROOT / "benchmarks" / "requirements.txt"))
+    session.run(
+        "python",
+        str(ROOT / "benchmarks" / "allreduce.py"),
+        *session.posargs,
+        env={"PYTHONUNBUFFERED": "1", **({"OMP_NUM_THREADS": "1"} if "OMP_NUM_THREADS" not in os.environ else {})},
+    )

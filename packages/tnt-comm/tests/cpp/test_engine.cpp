@@ -1,0 +1,108 @@
+// The runtime end to end in real processes (fork): engine, channels, shm and TCP links, every
+// collective, fusion and failure handling. Run under ASan/UBSan and TSan by the nox sessions.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "check.hpp"
+#include "tnt_comm/tnt_comm.hpp"
+
+using namespace tnt;
+
+namespace {
+
+int child(int rank, int size, int port, const std::string& transport) {
+  Identity id;
+  id.rank = rank;
+  id.size = size;
+  id.local_rank = rank;
+  id.local_size = size;
+  id.node_rank = transport == "mixed" ? rank % 2 : 0;
+  id.master_port = port;
+  id.job_id = "cpptest" + std::to_string(::getppid()) + transport;
+  id.token = "secret";
+  id.transport = transport == "mixed" ? "auto" : transport;
+  id.timeout_s = 60;
+  Runtime& rt = Runtime::init(id);
+  Group& world = rt.world();
+  for (std::size_t count : {std::size_t{0}, std::size_t{3}, std::size_t{10000}, std::size_t{200000}}) {
+    std::vector<float> x(count, static_cast<float>(rank + 1)), y(count);
+    world.allreduce(x.data(), y.data(), count, DType::float32, ReduceOp::sum);
+    for (float v : y) CHECK(v == static_cast<float>(size * (size + 1) / 2));
+    std::vector<double> b(count, rank == 1 ? 7.0 : 0.0);
+    world.broadcast(b.data(), count, DType::float64, 1);
+    for (double v : b) CHECK(v == 7.0);
+    std::vector<std::int32_t> g(count * static_cast<std::size_t>(size));
+    std::vector<std::int32_t> mine(count, rank);
+    world.allgather(mine.data(), g.data(), count, DType::int32);
+    for (std::size_t i = 0; i < g.size(); ++i) CHECK(g[i] == static_cast<int>(i / std::max<std::size_t>(count, 1)));
+  }
+  // Many non-blocking operations in flight at once, finished in any order.
+  std::vector<std::vector<std::int64_t>> bufs(8, std::vector<std::int64_t>(50000, rank));
+  std::vector<Work> works;
+  for (auto& buf : bufs) {
+    works.push_back(world.allreduce_async(buf.data(), buf.data(), buf.size(), DType::int64, ReduceOp::max));
+  }
+  for (auto it = works.rbegin(); it != works.rend(); ++it) it->wait();
+  for (auto& buf : bufs) CHECK(buf[0] == size - 1 && buf.back() == size - 1);
+  // Point to point around a ring.
+  std::vector<float> token(1000, static_cast<float>(rank)), got(1000);
+  Work s = world.send_async(token.data(), token.size(), DType::float32, (rank + 1) % size);
+  world.recv(got.data(), got.size(), DType::float32, (rank + size - 1) % size);
+  s.wait();
+  CHECK(got[999] == static_cast<float>((rank + size - 1) % size));
+  // Fusion.
+  FusedAllreduce fused(world, {{100, DType::float32}, {5, DType::float32}, {70000, DType::float32}}, 512,
+                       ReduceOp::sum);
+  std::vector<std::vector<float>> ts = {std::vector<float>(100, 1), std::vector<float>(5, 2),
+                                        std::vector<float>(70000, 3)};
+  for (std::size_t i = 3; i-- > 0;) fused.start(i, ts[i].data());
+  for (std::size_t i = 0; i < 3; ++i) {
+    fused.wait(i, ts[i].data());
+    CHECK(ts[i][0] == static_cast<float>((i + 1) * static_cast<std::size_t>(size)));
+  }
+  world.barrier();
+  Runtime::finalize();
+  return check_failures() == 0 ? 0 : 1;
+}
+
+bool run_job(int size, const std::string& transport) {
+  const int port = 20000 + static_cast<int>(::getpid() % 20000);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < size; ++r) {
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      int rc = 1;
+      try {
+        rc = child(r, size, port + (transport == "tcp" ? 1 : transport == "mixed" ? 2 : 0), transport);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: %s\n", r, e.what());
+      }
+      std::fflush(nullptr);
+      ::_exit(rc);
+    }
+    pids.push_back(pid);
+  }
+  bool ok = true;
+  for (pid_t pid : pids) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  std::printf("%d ranks over %s: %s\n", size, transport.c_str(), ok ? "ok" : "FAILED");
+  return ok;
+}
+
+}  // namespace
+
+int main() {
+  CHECK(run_job(2, "shm"));
+  CHECK(run_job(3, "tcp"));
+  CHECK(run_job(4, "mixed"));
+  return finish("engine");
+}
