@@ -156,3 +156,32 @@ def test_many_ranks_on_one_host_stay_within_sshds_connection_limit(
     got = read_reports(reports, 14)
     assert [r["env"]["TNT_LOCAL_RANK"] for r in got] == [str(r) for r in range(14)]
     assert {r["env"]["TNT_MASTER_ADDR"] for r in got} == {"127.0.0.2"}
+
+
+@pytest.mark.timeout(90)
+def test_job_only_on_another_host_tidies_up_there(launcher: Launcher, sshd: SshServer,
+                                                  reports: Path) -> None:
+    """No rank runs here, so the shm files the ranks leave are removed on 127.0.0.2 itself."""
+    launcher.env["TNT_SSH_OPTS"] = sshd.options
+    hostfile = sshd.hostfile(launcher.cwd, "127.0.0.2 slots=2")
+    done = launcher.run(["--hostfile", str(hostfile), "--ssh-port", str(sshd.port), "--no-gpu",
+                         "--", RANK, str(reports), "--touch-shm", "--fail-rank", "0",
+                         "--code", "4", "--sleep", "60"])
+    assert done.returncode == 4, done.stderr
+    assert "rank 0 (host 127.0.0.2, local rank 0) exited with code 4" in done.stderr
+    got = read_reports(reports, 2)
+    assert_job_gone(got[0]["env"]["TNT_JOB_ID"], _pids(got), timeout=0)
+
+
+@pytest.mark.timeout(90)
+def test_slurm_allocation_without_a_hostfile(launcher: Launcher, sshd: SshServer,
+                                             reports: Path) -> None:
+    launcher.env.update(TNT_SSH_OPTS=sshd.options, SLURM_JOB_NODELIST="127.0.0.[1-2]",
+                        SLURM_NTASKS_PER_NODE="2")
+    done = launcher.run(["--ssh-port", str(sshd.port), "--no-gpu", "--", RANK, str(reports)])
+    assert done.returncode == 0, done.stderr
+    got = read_reports(reports, 4)
+    assert [(r["env"]["TNT_NODE_RANK"], r["env"]["TNT_LOCAL_RANK"]) for r in got] == [
+        ("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")
+    ]
+    assert ["SSH_CONNECTION" in r["env"] for r in got] == [False, False, True, True]

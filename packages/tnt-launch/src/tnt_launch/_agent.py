@@ -308,7 +308,7 @@ def serve(request: dict[str, Any]) -> Any:
                 grace=float(request.get("grace", jobs.GRACE_S)),
             )
         if mode == "finish":
-            return jobs.finish_job(registry, request["job_id"])
+            return jobs.finish_job(registry, request["job_id"], bool(request.get("shm", True)))
         return {"error": f"unknown request {mode!r}"}
     except (OSError, ValueError, jobs.RegistryError) as e:
         return {"error": str(e)}

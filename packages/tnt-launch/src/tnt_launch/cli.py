@@ -305,12 +305,20 @@ def _rank_request(config: LaunchConfig, plan: Plan, spec: RankSpec) -> dict[str,
 
 
 def _finish(plan: Plan, ssh: SshSettings) -> None:
-    """Remove what the job may have left on its hosts (processes, registry entries, /dev/shm)."""
+    """Remove what the job may have left on its hosts (processes, registry entries, /dev/shm).
+
+    This host is always visited: it holds the launcher's registry entry."""
+    ranks_here = any(h.local for h in plan.hosts)
     hosts = [Host("localhost", local=True)] + [h for h in plan.hosts if not h.local]
     answers = query_hosts(
         hosts,
         ssh,
-        lambda _: {"mode": "finish", "job_id": plan.job_id, "registry": registry_override()},
+        lambda host: {
+            "mode": "finish",
+            "job_id": plan.job_id,
+            "registry": registry_override(),
+            "shm": ranks_here or not host.local,
+        },
         _FINISH_TIMEOUT_S,
     )
     for host, _, error in answers:
@@ -355,8 +363,10 @@ def launch(config: LaunchConfig) -> int:
         supervisor = Supervisor(plan, config, ssh, lambda spec: _rank_request(config, plan, spec))
         return supervisor.run()
     finally:
-        _finish(plan, ssh)
-        jobs.remove_entry(entry)
+        try:
+            _finish(plan, ssh)
+        finally:
+            jobs.remove_entry(entry)
 
 
 def cleanup(config: LaunchConfig) -> int:

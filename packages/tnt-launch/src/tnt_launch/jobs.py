@@ -263,12 +263,12 @@ def cleanup(
     return stopped
 
 
-def finish_job(directory: str, job_id: str) -> dict[str, int]:
+def finish_job(directory: str, job_id: str, shm: bool = True) -> dict[str, int]:
     """Make sure nothing of job `job_id` is left on this host once the job has ended.
 
-    Kills any of its registered processes still alive, removes its entries and removes shared
-    memory files /dev/shm/tnt-<job_id>-* that the collectives library could not unlink itself
-    (for example because a rank was killed while mapping them).
+    Kills any of its registered processes still alive and removes its entries; with `shm`, also
+    removes shared memory files /dev/shm/tnt-<job_id>-* that the collectives library could not
+    unlink itself (for example because a rank was killed while mapping them).
     """
     if not _JOB_ID.match(job_id):
         raise ValueError(f"invalid job id {job_id!r}")
@@ -284,7 +284,7 @@ def finish_job(directory: str, job_id: str) -> dict[str, int]:
         remove_entry(path)
     removed = 0
     uid = os.getuid()
-    for path in glob.glob(f"/dev/shm/tnt-{job_id}-*"):
+    for path in glob.glob(f"/dev/shm/tnt-{job_id}-*") if shm else ():
         try:
             if os.lstat(path).st_uid == uid:
                 os.unlink(path)
