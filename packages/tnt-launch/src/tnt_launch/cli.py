@@ -137,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     runtime.add_argument("--fusion-threshold", dest="fusion_threshold_kb",
                          type=_non_negative_int, metavar="KB",
                          help="smallest size of a gradient fusion bucket in KiB; 0 sends each "
-                              "tensor alone (default: the library's, 32)")
+                              "tensor alone (default: the library's)")
     runtime.add_argument("--transport", choices=TRANSPORTS, default="auto",
                          help="how ranks exchange data (default: %(default)s: shared memory on a "
                               "host, TCP between hosts)")
