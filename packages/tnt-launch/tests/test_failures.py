@@ -3,6 +3,7 @@ SIGTERM and a killed launcher all leave nothing of the job behind (checked with 
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
@@ -57,8 +58,9 @@ def test_a_rank_killed_by_a_signal_fails_the_job(launcher: Launcher, reports: Pa
 
 def _start_and_wait(launcher: Launcher, reports: Path, size: int,
                     *extra: str) -> tuple[subprocess.Popen[str], list[dict], list[int]]:
+    # In a session of its own, like a command started from a terminal.
     proc = launcher.start(["-n", str(size), "--no-gpu", "--", RANK, str(reports), "--sleep",
-                           "60", *extra])
+                           "60", *extra], start_new_session=True)
     got = read_reports(reports, size)
     return proc, got, tree(proc.pid)
 
@@ -67,7 +69,8 @@ def _start_and_wait(launcher: Launcher, reports: Path, size: int,
 def test_ctrl_c_stops_every_rank(launcher: Launcher, reports: Path) -> None:
     proc, got, processes = _start_and_wait(launcher, reports, 3, "--spawn-child")
     assert len(processes) >= 1 + 3 * 3  # launcher, then agent, rank and grandchild per rank
-    proc.send_signal(signal.SIGINT)
+    # Ctrl+C in a terminal signals the whole foreground process group.
+    os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
     assert "tnt-launch: got SIGINT: stopping 3 rank(s)" in err

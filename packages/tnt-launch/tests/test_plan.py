@@ -263,7 +263,8 @@ def test_ssh_argv_puts_user_options_first() -> None:
     argv = ssh_argv("node1", SshSettings(2222, ("-o", "ConnectTimeout=3", "-l", "me")), "CMD")
     assert argv == [
         "ssh", "-o", "ConnectTimeout=3", "-l", "me", "-p", "2222",
-        "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-T", "-x", "--", "node1", "CMD",
+        "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=15",
+        "-o", "ServerAliveCountMax=4", "-T", "-x", "--", "node1", "CMD",
     ]
 
 

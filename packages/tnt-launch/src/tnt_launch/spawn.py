@@ -86,12 +86,19 @@ def ssh_argv(host: str, ssh: SshSettings, command: str) -> list[str]:
 
     The user's options come first because ssh keeps the first value it is given for an option, so
     TNT_SSH_OPTS can override the defaults: no password prompts (BatchMode), a connect timeout,
-    no terminal and no X11 forwarding.
+    keep-alive messages that end the connection (and so fail the rank) within about a minute of
+    the other host going silent, no terminal and no X11 forwarding.
     """
     argv = ["ssh", *ssh.options]
     if ssh.port is not None:
         argv += ["-p", str(ssh.port)]
-    argv += ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}", "-T", "-x"]
+    argv += [
+        "-o", "BatchMode=yes",
+        "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
+        "-o", "ServerAliveInterval=15",
+        "-o", "ServerAliveCountMax=4",
+        "-T", "-x",
+    ]
     return [*argv, "--", host, command]
 
 

@@ -148,7 +148,6 @@ class _RankRun:
         self.reported: dict[str, Any] | None = None
         self.status: RankStatus | None = None
         self.exited_at: float | None = None
-        self.stop_sent = False
         self.failed_on_its_own = False
         self.files: dict[str, BinaryIO] = {}
         self.streams: list[_Stream] = []
@@ -419,7 +418,6 @@ class Supervisor:
         self.stopping = True
         for run in self.runs:
             if run.running:
-                run.stop_sent = True
                 run.send(b"T")
         now = time.monotonic()
         self.kill_at = now + self.grace + 3.0
