@@ -130,16 +130,17 @@ bool Engine::drive(Operation* target, Deadline deadline) {
 void Engine::wait_for_doorbell(std::uint32_t seen, Deadline deadline, Deadline stall) {
   Doorbell bell = fabric_.doorbell();
   // Spin first: a peer's next message is usually microseconds away. On an oversubscribed host,
-  // spin less and yield, so the peer we wait for can run.
-  const auto spin = std::chrono::microseconds(oversubscribed_ ? 5 : 50);
+  // yield on every turn so the peer we wait for can run on our core.
+  const auto spin = std::chrono::microseconds(oversubscribed_ ? 200 : 50);
   const Deadline spin_end = Clock::now() + spin;
   for (int i = 0;; ++i) {
     if (bell.value() != seen) return;
-    TNT_CPU_RELAX();
-    if ((i & 63) == 63) {
-      if (oversubscribed_) sched_yield();
-      if (Clock::now() >= spin_end) break;
+    if (oversubscribed_) {
+      sched_yield();
+    } else {
+      TNT_CPU_RELAX();
     }
+    if ((i & 15) == 15 && Clock::now() >= spin_end) break;
   }
   Deadline until = std::min(deadline, stall);
   bell.sleep(seen, std::min(0.5, seconds_left(until)));
