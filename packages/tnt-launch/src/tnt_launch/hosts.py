@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from tnt_launch.config import LaunchConfig, LaunchError, UsageError
 
-_HOST_NAME = re.compile(r"^[A-Za-z0-9_.:%\[\]][A-Za-z0-9_.:%\[\]-]*$")
+_HOST_NAME = re.compile(r"^[A-Za-z0-9_.:%][A-Za-z0-9_.:%-]*$")
 _LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "::1")
 
 
