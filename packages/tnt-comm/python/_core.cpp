@@ -147,9 +147,10 @@ PYBIND11_MODULE(_core, m) {
         tnt::Group& grp = group_or_world(g);
         if (blocking) {
           grp.allreduce(a.ptr, o.ptr, a.count, a.dtype, static_cast<ReduceOp>(op));
-          return tnt::Work();
+          return std::optional<tnt::Work>();
         }
-        return grp.allreduce_async(a.ptr, o.ptr, a.count, a.dtype, static_cast<ReduceOp>(op));
+        return std::optional<tnt::Work>(
+            grp.allreduce_async(a.ptr, o.ptr, a.count, a.dtype, static_cast<ReduceOp>(op)));
       });
   m.def("broadcast", [](tnt::Group* g, const py::array& buf, int root, bool blocking) {
     View a = view(buf, "x", true);

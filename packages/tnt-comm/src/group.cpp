@@ -45,14 +45,16 @@ Group::Group(Runtime& runtime, std::vector<int> world_ranks)
   recv_seq_.assign(ranks_.size(), 0);
 }
 
-Members Group::members() const {
-  Members m;
-  m.fabric = &runtime_.fabric();
-  m.world_ranks = ranks_;
-  m.me = my_index_;
-  m.channels.reserve(ranks_.size());
-  for (int r : ranks_) m.channels.push_back(r == runtime_.rank() ? nullptr : runtime_.channel(r));
-  return m;
+const std::shared_ptr<const Members>& Group::members() {
+  if (members_) return members_;
+  auto m = std::make_shared<Members>();
+  m->fabric = &runtime_.fabric();
+  m->world_ranks = ranks_;
+  m->me = my_index_;
+  m->channels.reserve(ranks_.size());
+  for (int r : ranks_) m->channels.push_back(r == runtime_.rank() ? nullptr : runtime_.channel(r));
+  members_ = std::move(m);
+  return members_;
 }
 
 Descriptor Group::next(std::uint32_t kind, DType dtype, ReduceOp op, int root, std::uint64_t count) {

@@ -63,7 +63,7 @@ class Group {
   void check(const char* what, DType dtype, std::size_t count, const void* a, const void* b) const;
   void check_peer(int peer, const char* what) const;
   Descriptor next(std::uint32_t kind, DType dtype, ReduceOp op, int root, std::uint64_t count);
-  Members members() const;
+  const std::shared_ptr<const Members>& members();
   // Each collective's operation, checked and sequenced; *_async and the blocking forms submit it.
   std::shared_ptr<Operation> allreduce_op(const void* in, void* out, std::size_t count, DType dtype,
                                           ReduceOp op);
@@ -83,6 +83,7 @@ class Group {
   std::uint64_t id_ = 0;
   std::uint64_t seq_ = 0;
   std::vector<std::uint64_t> send_seq_, recv_seq_;
+  std::shared_ptr<const Members> members_;  // built on first use
 };
 
 }  // namespace tnt

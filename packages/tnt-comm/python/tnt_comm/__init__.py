@@ -359,6 +359,9 @@ def _on(group: Group | None) -> Group:
 
 def allreduce(x: Any, op: str = "sum", out: Any = None, group: Group | None = None) -> np.ndarray:
     """Reduces `x` elementwise across ranks (sum, prod, min, max or avg); same result on all."""
+    if group is None and type(x) is np.ndarray and type(out) is np.ndarray and _world is not None:
+        _core.allreduce(None, x, out, _op(op), True)  # the common case, kept short: small calls are µs
+        return out
     return _on(group).allreduce(x, op, out)
 
 

@@ -12,28 +12,28 @@ namespace tnt {
 
 // Every rank sends its whole buffer to every other and reduces all of them locally: one
 // round trip, for small buffers.
-std::shared_ptr<Operation> make_allreduce_one_shot(Members members, Descriptor desc, const void* in,
+std::shared_ptr<Operation> make_allreduce_one_shot(std::shared_ptr<const Members> members, Descriptor desc, const void* in,
                                                    void* out, std::size_t count, DType dtype,
                                                    ReduceOp op);
 // Each rank owns one region: peers send it their part (reduce-scatter), it reduces the parts in
 // rank order and sends the result back to everyone (allgather). Pipelined in chunks. Bandwidth
 // optimal: every rank sends and receives 2(n-1)/n of the buffer.
-std::shared_ptr<Operation> make_allreduce_direct(Members members, Descriptor desc, const void* in,
+std::shared_ptr<Operation> make_allreduce_direct(std::shared_ptr<const Members> members, Descriptor desc, const void* in,
                                                  void* out, std::size_t count, DType dtype,
                                                  ReduceOp op);
 // The first half of the above: `in` holds n blocks of `count` elements; `out` gets our block.
-std::shared_ptr<Operation> make_reduce_scatter(Members members, Descriptor desc, const void* in,
+std::shared_ptr<Operation> make_reduce_scatter(std::shared_ptr<const Members> members, Descriptor desc, const void* in,
                                                void* out, std::size_t count, DType dtype,
                                                ReduceOp op);
-std::shared_ptr<Operation> make_broadcast(Members members, Descriptor desc, void* buf,
+std::shared_ptr<Operation> make_broadcast(std::shared_ptr<const Members> members, Descriptor desc, void* buf,
                                           std::size_t bytes, int root);
 // bytes[m] from member m, concatenated in member order into `out`.
-std::shared_ptr<Operation> make_allgatherv(Members members, Descriptor desc, const void* in,
+std::shared_ptr<Operation> make_allgatherv(std::shared_ptr<const Members> members, Descriptor desc, const void* in,
                                            void* out, std::vector<std::size_t> bytes);
-std::shared_ptr<Operation> make_barrier(Members members, Descriptor desc);
-std::shared_ptr<Operation> make_send(Members members, Descriptor desc, const void* buf,
+std::shared_ptr<Operation> make_barrier(std::shared_ptr<const Members> members, Descriptor desc);
+std::shared_ptr<Operation> make_send(std::shared_ptr<const Members> members, Descriptor desc, const void* buf,
                                      std::size_t bytes, int peer);
-std::shared_ptr<Operation> make_recv(Members members, Descriptor desc, void* buf, std::size_t bytes,
+std::shared_ptr<Operation> make_recv(std::shared_ptr<const Members> members, Descriptor desc, void* buf, std::size_t bytes,
                                      int peer);
 
 }  // namespace tnt

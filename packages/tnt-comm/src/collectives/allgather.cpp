@@ -9,7 +9,7 @@ namespace {
 
 class Allgatherv final : public Operation {
  public:
-  Allgatherv(Members m, Descriptor d, const void* in, void* out, std::vector<std::size_t> bytes)
+  Allgatherv(std::shared_ptr<const Members> m, Descriptor d, const void* in, void* out, std::vector<std::size_t> bytes)
       : Operation(std::move(m), d),
         in_(static_cast<const std::byte*>(in)),
         out_(static_cast<std::byte*>(out)),
@@ -19,16 +19,16 @@ class Allgatherv final : public Operation {
   }
 
   void reserve() override {
-    const std::uint64_t mine = chunks(bytes_[static_cast<std::size_t>(members_.me)]);
-    for (int p = 0; p < members_.size(); ++p) {
-      if (p != members_.me) open(p, mine, chunks(bytes_[static_cast<std::size_t>(p)]));
+    const std::uint64_t mine = chunks(bytes_[static_cast<std::size_t>(members_->me)]);
+    for (int p = 0; p < members_->size(); ++p) {
+      if (p != members_->me) open(p, mine, chunks(bytes_[static_cast<std::size_t>(p)]));
     }
   }
 
   Progress progress() override {
     bool advanced = false;
-    const auto me = static_cast<std::size_t>(members_.me);
-    const std::size_t p_bytes = members_.payload_bytes();
+    const auto me = static_cast<std::size_t>(members_->me);
+    const std::size_t p_bytes = members_->payload_bytes();
     if (!copied_) {
       std::byte* dst = out_ + offsets_[me];
       if (dst != in_ && bytes_[me] > 0) std::memmove(dst, in_, bytes_[me]);
@@ -65,7 +65,7 @@ class Allgatherv final : public Operation {
 
 }  // namespace
 
-std::shared_ptr<Operation> make_allgatherv(Members members, Descriptor desc, const void* in,
+std::shared_ptr<Operation> make_allgatherv(std::shared_ptr<const Members> members, Descriptor desc, const void* in,
                                            void* out, std::vector<std::size_t> bytes) {
   return std::make_shared<Allgatherv>(std::move(members), desc, in, out, std::move(bytes));
 }

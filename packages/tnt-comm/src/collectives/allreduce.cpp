@@ -11,7 +11,7 @@ constexpr std::uint32_t kResultTag = 0x80000000u;
 
 class AllreduceOneShot final : public Operation {
  public:
-  AllreduceOneShot(Members m, Descriptor d, const void* in, void* out, std::size_t count, DType dtype,
+  AllreduceOneShot(std::shared_ptr<const Members> m, Descriptor d, const void* in, void* out, std::size_t count, DType dtype,
                    ReduceOp op)
       : Operation(std::move(m), d),
         in_(in),
@@ -19,21 +19,21 @@ class AllreduceOneShot final : public Operation {
         count_(count),
         dtype_(dtype),
         op_(op),
-        got_(static_cast<std::size_t>(members_.size()), nullptr),
-        index_(static_cast<std::size_t>(members_.size()), 0) {}
+        got_(static_cast<std::size_t>(members_->size()), nullptr),
+        index_(static_cast<std::size_t>(members_->size()), 0) {}
 
   void reserve() override {
-    for (int p = 0; p < members_.size(); ++p) {
-      if (p != members_.me) open(p, 1, 1);
+    for (int p = 0; p < members_->size(); ++p) {
+      if (p != members_->me) open(p, 1, 1);
     }
   }
 
   Progress progress() override {
     bool advanced = false;
     const std::size_t bytes = count_ * dtype_size(dtype_);
-    for (int p = 0; p < members_.size(); ++p) {
+    for (int p = 0; p < members_->size(); ++p) {
       auto i = static_cast<std::size_t>(p);
-      if (p == members_.me) continue;
+      if (p == members_->me) continue;
       if (sends_[i].ready()) {
         sends_[i].send(desc_, 0, in_, bytes);
         advanced = true;
@@ -46,19 +46,19 @@ class AllreduceOneShot final : public Operation {
         }
       }
     }
-    if (received_ + 1 < members_.size()) return advanced ? Progress::advanced : Progress::idle;
+    if (received_ + 1 < members_->size()) return advanced ? Progress::advanced : Progress::idle;
     // Reduce only once our input has gone to everyone: out may alias in.
     for (const auto& s : sends_) {
       if (!s.finished()) return advanced ? Progress::advanced : Progress::idle;
     }
-    std::vector<const void*> inputs(static_cast<std::size_t>(members_.size()));
-    for (int p = 0; p < members_.size(); ++p) {
+    std::vector<const void*> inputs(static_cast<std::size_t>(members_->size()));
+    for (int p = 0; p < members_->size(); ++p) {
       auto i = static_cast<std::size_t>(p);
-      inputs[i] = p == members_.me ? in_ : recvs_[i].payload(got_[i]);
+      inputs[i] = p == members_->me ? in_ : recvs_[i].payload(got_[i]);
     }
-    reduce(dtype_, op_, out_, inputs.data(), members_.size(), count_);
-    for (int p = 0; p < members_.size(); ++p) {
-      if (p != members_.me) recvs_[static_cast<std::size_t>(p)].consume(index_[static_cast<std::size_t>(p)]);
+    reduce(dtype_, op_, out_, inputs.data(), members_->size(), count_);
+    for (int p = 0; p < members_->size(); ++p) {
+      if (p != members_->me) recvs_[static_cast<std::size_t>(p)].consume(index_[static_cast<std::size_t>(p)]);
     }
     return Progress::done;
   }
@@ -77,7 +77,7 @@ class AllreduceOneShot final : public Operation {
 // Region m of the buffer is owned by member m; it is processed in payload-sized chunks.
 class ReduceToOwners final : public Operation {
  public:
-  ReduceToOwners(Members m, Descriptor d, const void* in, void* out_full, void* out_mine,
+  ReduceToOwners(std::shared_ptr<const Members> m, Descriptor d, const void* in, void* out_full, void* out_mine,
                  std::vector<std::size_t> offsets, DType dtype, ReduceOp op, bool gather)
       : Operation(std::move(m), d),
         in_(static_cast<const std::byte*>(in)),
@@ -87,8 +87,8 @@ class ReduceToOwners final : public Operation {
         dtype_(dtype),
         op_(op),
         gather_(gather) {
-    const auto n = static_cast<std::size_t>(members_.size());
-    const auto me = static_cast<std::size_t>(members_.me);
+    const auto n = static_cast<std::size_t>(members_->size());
+    const auto me = static_cast<std::size_t>(members_->me);
     my_chunks_ = chunks(length(me));
     pending_.assign(my_chunks_ * n, nullptr);
     pending_index_.assign(my_chunks_ * n, 0);
@@ -98,8 +98,8 @@ class ReduceToOwners final : public Operation {
   }
 
   void reserve() override {
-    for (int p = 0; p < members_.size(); ++p) {
-      if (p == members_.me) continue;
+    for (int p = 0; p < members_->size(); ++p) {
+      if (p == members_->me) continue;
       const std::uint64_t theirs = chunks(length(static_cast<std::size_t>(p)));
       open(p, theirs + (gather_ ? my_chunks_ : 0), my_chunks_ + (gather_ ? theirs : 0));
     }
@@ -118,10 +118,10 @@ class ReduceToOwners final : public Operation {
 
   bool receive() {
     bool advanced = false;
-    const std::size_t n = static_cast<std::size_t>(members_.size());
-    const std::size_t p_bytes = members_.payload_bytes();
+    const std::size_t n = static_cast<std::size_t>(members_->size());
+    const std::size_t p_bytes = members_->payload_bytes();
     for (std::size_t p = 0; p < n; ++p) {
-      if (static_cast<int>(p) == members_.me) continue;
+      if (static_cast<int>(p) == members_->me) continue;
       std::uint64_t index;
       while (const MessageHeader* h = recvs_[p].next(desc_, &index)) {
         advanced = true;
@@ -142,9 +142,9 @@ class ReduceToOwners final : public Operation {
 
   bool reduce_ready() {
     bool advanced = false;
-    const std::size_t n = static_cast<std::size_t>(members_.size());
-    const std::size_t me = static_cast<std::size_t>(members_.me);
-    const std::size_t p_bytes = members_.payload_bytes();
+    const std::size_t n = static_cast<std::size_t>(members_->size());
+    const std::size_t me = static_cast<std::size_t>(members_->me);
+    const std::size_t p_bytes = members_->payload_bytes();
     inputs_.resize(n);
     while (reduced_ < my_chunks_ && arrived_[reduced_] + 1 == n) {
       const std::size_t c = reduced_;
@@ -166,9 +166,9 @@ class ReduceToOwners final : public Operation {
 
   bool send() {
     bool advanced = false;
-    const std::size_t n = static_cast<std::size_t>(members_.size());
-    const std::size_t me = static_cast<std::size_t>(members_.me);
-    const std::size_t p_bytes = members_.payload_bytes();
+    const std::size_t n = static_cast<std::size_t>(members_->size());
+    const std::size_t me = static_cast<std::size_t>(members_->me);
+    const std::size_t p_bytes = members_->payload_bytes();
     for (std::size_t p = 0; p < n; ++p) {
       if (p == me) continue;
       while (sends_[p].ready()) {
@@ -220,25 +220,25 @@ std::vector<std::size_t> region_offsets(std::size_t count, std::size_t elem, int
 
 }  // namespace
 
-std::shared_ptr<Operation> make_allreduce_one_shot(Members members, Descriptor desc, const void* in,
+std::shared_ptr<Operation> make_allreduce_one_shot(std::shared_ptr<const Members> members, Descriptor desc, const void* in,
                                                    void* out, std::size_t count, DType dtype,
                                                    ReduceOp op) {
   return std::make_shared<AllreduceOneShot>(std::move(members), desc, in, out, count, dtype, op);
 }
 
-std::shared_ptr<Operation> make_allreduce_direct(Members members, Descriptor desc, const void* in,
+std::shared_ptr<Operation> make_allreduce_direct(std::shared_ptr<const Members> members, Descriptor desc, const void* in,
                                                  void* out, std::size_t count, DType dtype,
                                                  ReduceOp op) {
-  auto offsets = region_offsets(count, dtype_size(dtype), members.size());
-  void* mine = static_cast<std::byte*>(out) + offsets[static_cast<std::size_t>(members.me)];
+  auto offsets = region_offsets(count, dtype_size(dtype), members->size());
+  void* mine = static_cast<std::byte*>(out) + offsets[static_cast<std::size_t>(members->me)];
   return std::make_shared<ReduceToOwners>(std::move(members), desc, in, out, mine,
                                           std::move(offsets), dtype, op, true);
 }
 
-std::shared_ptr<Operation> make_reduce_scatter(Members members, Descriptor desc, const void* in,
+std::shared_ptr<Operation> make_reduce_scatter(std::shared_ptr<const Members> members, Descriptor desc, const void* in,
                                                void* out, std::size_t count, DType dtype,
                                                ReduceOp op) {
-  const std::size_t n = static_cast<std::size_t>(members.size());
+  const std::size_t n = static_cast<std::size_t>(members->size());
   std::vector<std::size_t> offsets(n + 1);
   for (std::size_t m = 0; m <= n; ++m) offsets[m] = m * count * dtype_size(dtype);
   return std::make_shared<ReduceToOwners>(std::move(members), desc, in, nullptr, out,

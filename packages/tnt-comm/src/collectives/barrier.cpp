@@ -9,15 +9,15 @@ class Barrier final : public Operation {
   using Operation::Operation;
 
   void reserve() override {
-    for (int p = 0; p < members_.size(); ++p) {
-      if (p != members_.me) open(p, 1, 1);
+    for (int p = 0; p < members_->size(); ++p) {
+      if (p != members_->me) open(p, 1, 1);
     }
   }
 
   Progress progress() override {
     bool advanced = false;
     for (std::size_t p = 0; p < sends_.size(); ++p) {
-      if (static_cast<int>(p) == members_.me) continue;
+      if (static_cast<int>(p) == members_->me) continue;
       if (sends_[p].ready()) {
         sends_[p].send(desc_, 0, nullptr, 0);
         advanced = true;
@@ -35,7 +35,7 @@ class Barrier final : public Operation {
 
 }  // namespace
 
-std::shared_ptr<Operation> make_barrier(Members members, Descriptor desc) {
+std::shared_ptr<Operation> make_barrier(std::shared_ptr<const Members> members, Descriptor desc) {
   return std::make_shared<Barrier>(std::move(members), desc);
 }
 

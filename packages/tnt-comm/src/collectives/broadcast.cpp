@@ -8,13 +8,13 @@ namespace {
 
 class Broadcast final : public Operation {
  public:
-  Broadcast(Members m, Descriptor d, void* buf, std::size_t bytes, int root)
+  Broadcast(std::shared_ptr<const Members> m, Descriptor d, void* buf, std::size_t bytes, int root)
       : Operation(std::move(m), d), buf_(static_cast<std::byte*>(buf)), bytes_(bytes), root_(root) {}
 
   void reserve() override {
     const std::uint64_t n = chunks(bytes_);
-    if (members_.me == root_) {
-      for (int p = 0; p < members_.size(); ++p) {
+    if (members_->me == root_) {
+      for (int p = 0; p < members_->size(); ++p) {
         if (p != root_) open(p, n, 0);
       }
     } else {
@@ -24,8 +24,8 @@ class Broadcast final : public Operation {
 
   Progress progress() override {
     bool advanced = false;
-    const std::size_t p_bytes = members_.payload_bytes();
-    if (members_.me == root_) {
+    const std::size_t p_bytes = members_->payload_bytes();
+    if (members_->me == root_) {
       for (auto& s : sends_) {
         while (s.ready()) {
           const std::uint64_t c = s.sent();
@@ -54,7 +54,7 @@ class Broadcast final : public Operation {
 
 }  // namespace
 
-std::shared_ptr<Operation> make_broadcast(Members members, Descriptor desc, void* buf,
+std::shared_ptr<Operation> make_broadcast(std::shared_ptr<const Members> members, Descriptor desc, void* buf,
                                           std::size_t bytes, int root) {
   return std::make_shared<Broadcast>(std::move(members), desc, buf, bytes, root);
 }

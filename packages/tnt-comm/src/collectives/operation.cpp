@@ -32,7 +32,7 @@ std::string Operation::waiting_for() const {
   std::string who;
   for (std::size_t m = 0; m < recvs_.size(); ++m) {
     if (!recvs_[m].finished() || !sends_[m].finished()) {
-      who += (who.empty() ? "rank " : ", rank ") + std::to_string(members_.world_ranks[m]);
+      who += (who.empty() ? "rank " : ", rank ") + std::to_string(members_->world_ranks[m]);
     }
   }
   return who.empty() ? "nothing" : who;

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -83,11 +84,11 @@ class Operation {
  public:
   enum class Progress { idle, advanced, done };
 
-  Operation(Members members, Descriptor desc)
+  Operation(std::shared_ptr<const Members> members, Descriptor desc)
       : members_(std::move(members)),
         desc_(desc),
-        sends_(static_cast<std::size_t>(members_.size())),
-        recvs_(static_cast<std::size_t>(members_.size())) {}
+        sends_(static_cast<std::size_t>(members_->size())),
+        recvs_(static_cast<std::size_t>(members_->size())) {}
   virtual ~Operation() = default;
   Operation(const Operation&) = delete;
   Operation& operator=(const Operation&) = delete;
@@ -112,26 +113,26 @@ class Operation {
   // Chunking: how many messages `bytes` of payload take (at least one, so empty operations still
   // synchronise), and the bytes of chunk `i`.
   std::uint64_t chunks(std::size_t bytes) const {
-    std::size_t p = members_.payload_bytes();
+    std::size_t p = members_->payload_bytes();
     return bytes == 0 ? 1 : (bytes + p - 1) / p;
   }
   std::size_t chunk_bytes(std::size_t bytes, std::uint64_t i) const {
-    std::size_t p = members_.payload_bytes();
+    std::size_t p = members_->payload_bytes();
     std::size_t start = static_cast<std::size_t>(i) * p;
     return start >= bytes ? 0 : std::min(p, bytes - start);
   }
 
   // Opens the streams to and from group member `m`.
   void open(int m, std::uint64_t send_count, std::uint64_t recv_count) {
-    Channel* ch = members_.channels[static_cast<std::size_t>(m)];
+    Channel* ch = members_->channels[static_cast<std::size_t>(m)];
     sends_[static_cast<std::size_t>(m)].open(ch, send_count);
     recvs_[static_cast<std::size_t>(m)].open(ch, recv_count,
-                                             members_.world_ranks[static_cast<std::size_t>(m)],
-                                             members_.world_ranks[static_cast<std::size_t>(members_.me)]);
+                                             members_->world_ranks[static_cast<std::size_t>(m)],
+                                             members_->world_ranks[static_cast<std::size_t>(members_->me)]);
   }
   bool streams_finished() const;
 
-  Members members_;
+  std::shared_ptr<const Members> members_;  // shared by every operation of the group
   Descriptor desc_;
   std::vector<SendStream> sends_;  // by group index
   std::vector<RecvStream> recvs_;

@@ -8,7 +8,7 @@ namespace {
 
 class Send final : public Operation {
  public:
-  Send(Members m, Descriptor d, const void* buf, std::size_t bytes, int peer)
+  Send(std::shared_ptr<const Members> m, Descriptor d, const void* buf, std::size_t bytes, int peer)
       : Operation(std::move(m), d), buf_(static_cast<const std::byte*>(buf)), bytes_(bytes), peer_(peer) {}
 
   void reserve() override { open(peer_, chunks(bytes_), 0); }
@@ -18,7 +18,7 @@ class Send final : public Operation {
     SendStream& s = sends_[static_cast<std::size_t>(peer_)];
     while (s.ready()) {
       const std::uint64_t c = s.sent();
-      s.send(desc_, static_cast<std::uint32_t>(c), buf_ + c * members_.payload_bytes(),
+      s.send(desc_, static_cast<std::uint32_t>(c), buf_ + c * members_->payload_bytes(),
              chunk_bytes(bytes_, c));
       advanced = true;
     }
@@ -34,7 +34,7 @@ class Send final : public Operation {
 
 class Recv final : public Operation {
  public:
-  Recv(Members m, Descriptor d, void* buf, std::size_t bytes, int peer)
+  Recv(std::shared_ptr<const Members> m, Descriptor d, void* buf, std::size_t bytes, int peer)
       : Operation(std::move(m), d), buf_(static_cast<std::byte*>(buf)), bytes_(bytes), peer_(peer) {}
 
   void reserve() override { open(peer_, 0, chunks(bytes_)); }
@@ -44,7 +44,7 @@ class Recv final : public Operation {
     RecvStream& r = recvs_[static_cast<std::size_t>(peer_)];
     std::uint64_t index;
     while (const MessageHeader* h = r.next(desc_, &index)) {
-      if (h->bytes > 0) std::memcpy(buf_ + static_cast<std::size_t>(h->tag) * members_.payload_bytes(), r.payload(h),
+      if (h->bytes > 0) std::memcpy(buf_ + static_cast<std::size_t>(h->tag) * members_->payload_bytes(), r.payload(h),
                   h->bytes);
       r.consume(index);
       advanced = true;
@@ -61,12 +61,12 @@ class Recv final : public Operation {
 
 }  // namespace
 
-std::shared_ptr<Operation> make_send(Members members, Descriptor desc, const void* buf,
+std::shared_ptr<Operation> make_send(std::shared_ptr<const Members> members, Descriptor desc, const void* buf,
                                      std::size_t bytes, int peer) {
   return std::make_shared<Send>(std::move(members), desc, buf, bytes, peer);
 }
 
-std::shared_ptr<Operation> make_recv(Members members, Descriptor desc, void* buf, std::size_t bytes,
+std::shared_ptr<Operation> make_recv(std::shared_ptr<const Members> members, Descriptor desc, void* buf, std::size_t bytes,
                                      int peer) {
   return std::make_shared<Recv>(std::move(members), desc, buf, bytes, peer);
 }
