@@ -24,8 +24,6 @@ def as_array(x: Any, name: str = "x") -> np.ndarray:
 
     Contiguity, writability and dtype are checked by the native core, which names the problem.
     """
-    if type(x) is np.ndarray:
-        return x
     if isinstance(x, np.ndarray):
         return x
     try:
