@@ -74,10 +74,12 @@ def launch(session: nox.Session) -> None:
 
 @nox.session
 def keras(session: nox.Session) -> None:
-    """tnt-keras's tests."""
+    """tnt-keras's tests: real ranks under tnt-launch against serial Keras, callbacks, saving, errors."""
     install_comm(session)
-    session.install(str(KERAS), *TEST_DEPS)
-    session.run("pytest", str(KERAS / "tests"), "-q", "-rs", *session.posargs)
+    session.install(str(LAUNCH), f"{KERAS}[cpu,test]", *TEST_DEPS)
+    # Build the TF op once up front, so the first test does not pay for the compile.
+    session.run("python", "-m", "tnt_keras.ops")
+    session.run("pytest", str(KERAS / "tests"), "-q", "-rs", "--durations=10", *session.posargs)
 
 
 @nox.session

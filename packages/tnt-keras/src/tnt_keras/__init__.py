@@ -1,1 +1,45 @@
-"""Distributed data-parallel training for Keras 3 (work in progress)."""
+"""tnt-keras: data-parallel training of Keras 3 models on many ranks.
+
+    import tnt_keras as tnt
+
+    model = tnt.Model(keras_model)
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    model.fit(train_ds.batch(256), epochs=3)       # batched with the GLOBAL batch size
+
+Start the script with ``tnt-launch -n 4 -- train.py``. Importing this package connects the ranks (a
+plain ``python train.py`` is one rank); each rank then trains on its slice of every global batch and
+the result equals serial training with that global batch.
+"""
+
+from __future__ import annotations
+
+import tnt_comm
+
+from . import callbacks, models
+from .data import install_shuffle_seed
+from .model import Model
+from .runtime import (
+    get_local_rank,
+    get_master_rank,
+    get_rank,
+    get_size,
+    is_master_rank,
+    setup_logging,
+)
+
+__all__ = [
+    "Model",
+    "callbacks",
+    "get_local_rank",
+    "get_master_rank",
+    "get_rank",
+    "get_size",
+    "is_master_rank",
+    "models",
+]
+
+__version__ = "0.1.0"
+
+tnt_comm.init()
+setup_logging()
+install_shuffle_seed()

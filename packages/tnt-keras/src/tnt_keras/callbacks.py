@@ -1,0 +1,179 @@
+"""Keras callbacks in a multi-rank job: who runs them, what logs they see, and who prints.
+
+Logs that ``fit``/``evaluate`` produce are already global (metric states are summed across ranks), so
+Keras callbacks decide the same thing on every rank. What differs is side effects: only the master
+rank prints progress, writes CSV/TensorBoard/checkpoint files or talks to a remote monitor, unless
+``--output-on-all-devices`` or ``TNT_TENSORBOARD_ON_ALL_DEVICES`` asks otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import keras
+import numpy as np
+import tnt_comm
+
+from . import runtime
+
+_HOOKS = (
+    "on_batch_begin",
+    "on_batch_end",
+    "on_epoch_begin",
+    "on_epoch_end",
+    "on_train_batch_begin",
+    "on_train_batch_end",
+    "on_test_batch_begin",
+    "on_test_batch_end",
+    "on_predict_batch_begin",
+    "on_predict_batch_end",
+    "on_train_begin",
+    "on_train_end",
+    "on_test_begin",
+    "on_test_end",
+    "on_predict_begin",
+    "on_predict_end",
+)
+
+
+def _overrides(callback: keras.callbacks.Callback, hook: str) -> bool:
+    if hook in vars(callback):
+        return True
+    return getattr(type(callback), hook, None) is not getattr(keras.callbacks.Callback, hook)
+
+
+def average_logs(logs: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Numeric logs averaged over ranks (in float64, so values already equal everywhere stay exact)."""
+    if not logs or tnt_comm.size() == 1:
+        return logs
+    keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0 and np.issubdtype(np.asarray(v).dtype, np.number))
+    if not keys:
+        return logs
+    values = np.array([float(np.asarray(logs[k])) for k in keys], dtype=np.float64)
+    tnt_comm.allreduce(values, out=values)
+    averaged = dict(logs)
+    for key, value in zip(keys, values / tnt_comm.size(), strict=True):
+        averaged[key] = float(value)
+    return averaged
+
+
+class Callback(keras.callbacks.Callback):
+    """Runs a Keras callback in a multi-rank job.
+
+    Args:
+        callback: any ``keras.callbacks.Callback``.
+        aggregate_logs: the callback sees numeric logs averaged over all ranks (default True). The
+            logs of ``fit``/``evaluate`` are already global; this matters for values a custom
+            ``train_step`` or an earlier callback computed on one rank's data.
+        run_on_all_ranks: run the callback on every rank (default True), or only on the master rank.
+
+    Example::
+
+        cb = tnt.callbacks.Callback(MyTimer(), aggregate_logs=False, run_on_all_ranks=False)
+        model.fit(ds, callbacks=[cb])
+
+    Plain Keras callbacks passed to ``fit`` are wrapped automatically (see ``wrap``).
+    """
+
+    def __init__(
+        self, callback: keras.callbacks.Callback, aggregate_logs: bool = True, run_on_all_ranks: bool = True
+    ) -> None:
+        super().__init__()
+        if not isinstance(callback, keras.callbacks.Callback):
+            raise TypeError(f"tnt.callbacks.Callback wraps a keras.callbacks.Callback, got {type(callback).__name__}")
+        self.callback = callback
+        self.aggregate_logs = aggregate_logs
+        self.run_on_all_ranks = run_on_all_ranks
+        self.tnt_model: keras.Model | None = None
+        for hook in _HOOKS:
+            setattr(self, hook, self._dispatcher(hook))
+
+    @property
+    def runs_here(self) -> bool:
+        return self.run_on_all_ranks or runtime.is_master_rank()
+
+    def set_model(self, model: keras.Model) -> None:
+        super().set_model(model)
+        if self.runs_here:
+            self.callback.set_model(self.tnt_model if self.tnt_model is not None else model)
+
+    def set_params(self, params: dict[str, Any]) -> None:
+        super().set_params(params)
+        if self.runs_here:
+            self.callback.set_params(params)
+
+    def _dispatcher(self, hook: str) -> Any:
+        aggregate = _overrides(self.callback, hook)
+
+        takes_index = "batch" in hook or "epoch" in hook
+
+        def dispatch(*args: Any, **kwargs: Any) -> None:
+            if not aggregate:
+                return
+            # Keras passes logs positionally or by keyword; hooks with an index take it first.
+            head, rest = (args[:1], args[1:]) if takes_index else ((), args)
+            logs = kwargs.pop("logs", rest[0] if rest else None)
+            # The collective runs on every rank, even where the callback itself does not.
+            if self.aggregate_logs:
+                logs = average_logs(logs)
+            if self.runs_here:
+                getattr(self.callback, hook)(*head, logs=logs)
+
+        return dispatch
+
+
+# Callbacks whose only effects are output or files: they run where output is wanted.
+_OUTPUT_ONLY = (keras.callbacks.CSVLogger, keras.callbacks.RemoteMonitor, keras.callbacks.ModelCheckpoint)
+
+
+def wrap(callback: keras.callbacks.Callback, tnt_model: keras.Model) -> Callback:
+    """The tnt policy for one callback passed to ``fit``/``evaluate``/``predict``."""
+    if isinstance(callback, Callback):
+        wrapped = callback
+    elif isinstance(callback, keras.callbacks.ProgbarLogger):
+        wrapped = Callback(callback, aggregate_logs=False, run_on_all_ranks=runtime.output_on_all_devices())
+    elif isinstance(callback, keras.callbacks.TensorBoard):
+        on_all = runtime.tensorboard_on_all_devices()
+        if on_all and tnt_comm.size() > 1:
+            callback.log_dir = os.path.join(str(callback.log_dir), f"rank_{runtime.get_rank()}")
+        wrapped = Callback(callback, aggregate_logs=False, run_on_all_ranks=on_all)
+    elif isinstance(callback, _OUTPUT_ONLY):
+        wrapped = Callback(callback, aggregate_logs=False, run_on_all_ranks=False)
+    elif isinstance(callback, keras.callbacks.BackupAndRestore):
+        if not runtime.is_master_rank():
+            _read_only_backup(callback)
+        wrapped = Callback(callback, aggregate_logs=False, run_on_all_ranks=True)
+    elif isinstance(
+        callback,
+        (
+            keras.callbacks.EarlyStopping,
+            keras.callbacks.ReduceLROnPlateau,
+            keras.callbacks.LearningRateScheduler,
+            keras.callbacks.TerminateOnNaN,
+            keras.callbacks.History,
+        ),
+    ):
+        # Global logs make these decide alike everywhere; they must run everywhere to keep ranks in step.
+        wrapped = Callback(callback, aggregate_logs=False, run_on_all_ranks=True)
+    else:
+        wrapped = Callback(callback)
+    if not runtime.prints_here() and hasattr(wrapped.callback, "verbose"):
+        wrapped.callback.verbose = 0
+    wrapped.tnt_model = tnt_model
+    return wrapped
+
+
+def wrap_all(callbacks: Iterable[keras.callbacks.Callback] | None, tnt_model: keras.Model) -> list[Callback]:
+    return [wrap(cb, tnt_model) for cb in (callbacks or [])]
+
+
+def _read_only_backup(callback: keras.callbacks.BackupAndRestore) -> None:
+    """Off the master rank, BackupAndRestore restores from the shared files but never writes them."""
+
+    def no_save() -> None:
+        return None
+
+    callback._save_model = no_save
+    callback.delete_checkpoint = False

@@ -1,0 +1,187 @@
+"""Gives each rank its slice of every global batch.
+
+Rank ``r`` of ``N`` takes rows ``[start_r, start_r + b_r)`` of a batch of ``B`` rows, with
+``b_r = B//N + (r < B%N)`` and ``start_r = r*(B//N) + min(r, B%N)``, computed from the size of each
+batch as it comes: partial last batches and ``B`` not divisible by ``N`` stay exact, and every rank
+runs the same number of steps. (``rebatch().shard()`` would give wrong rows and unequal step counts
+whenever the last batch is partial.)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from .runtime import logger
+
+# Seed given to Dataset.shuffle calls without one, so that every rank draws the same order.
+DEFAULT_SHUFFLE_SEED = 4242
+
+# Transformations that keep the batch structure of their input; we look through them for a batch.
+_ELEMENTWISE = (
+    "_PrefetchDataset",
+    "_MapDataset",
+    "_ParallelMapDataset",
+    "_OptionsDataset",
+    "_CacheDataset",
+    "_MemoryCacheDataset",
+    "_RepeatDataset",
+    "_TakeDataset",
+    "_SkipDataset",
+    "_ShuffleDataset",
+    "_FilterDataset",
+    "_ShardDataset",
+    "_AssertCardinalityDataset",
+)
+_BATCH = ("_BatchDataset", "_ParallelBatchDataset", "_PaddedBatchDataset")
+
+
+def _inputs(ds: tf.data.Dataset) -> list[tf.data.Dataset]:
+    found = getattr(ds, "_input_datasets", None)
+    if found is None:
+        single = getattr(ds, "_input_dataset", None)
+        found = [single] if single is not None else []
+    return [d for d in found if isinstance(d, tf.data.Dataset)]
+
+
+def find_batch(ds: tf.data.Dataset) -> tf.data.Dataset | None:
+    """The batch transformation that shapes ``ds``'s elements, looking through element-wise ones."""
+    while ds is not None:
+        name = type(ds).__name__
+        if name in _BATCH:
+            return ds
+        if name not in _ELEMENTWISE:
+            return None
+        ds = getattr(ds, "_input_dataset", None)
+    return None
+
+
+def static_batch_size(ds: tf.data.Dataset) -> int | None:
+    batch = find_batch(ds)
+    if batch is None:
+        return None
+    size = tf.get_static_value(getattr(batch, "_batch_size", None))
+    return int(size) if size is not None else None
+
+
+def check_seeded_shuffles(ds: tf.data.Dataset) -> None:
+    """Raises if ``ds`` shuffles without a seed (made before ``import tnt_keras`` patched shuffle)."""
+    seen: set[int] = set()
+    stack = [ds]
+    while stack:
+        d = stack.pop()
+        if id(d) in seen:
+            continue
+        seen.add(id(d))
+        if type(d).__name__ == "_ShuffleDataset" and getattr(d, "_seed", 0) is None and getattr(d, "_seed2", 0) is None:
+            raise ValueError(
+                "tnt: the dataset is shuffled without a seed, so every rank would draw a different order. "
+                "Pass a seed (ds.shuffle(n, seed=42)) or import tnt_keras before building the dataset: it then "
+                f"gives unseeded shuffles the fixed seed {DEFAULT_SHUFFLE_SEED}."
+            )
+        stack.extend(_inputs(d))
+
+
+def install_shuffle_seed() -> None:
+    """Makes ``Dataset.shuffle`` without a seed use ``DEFAULT_SHUFFLE_SEED`` (logged at INFO)."""
+    from tensorflow.python.data.ops import dataset_ops
+
+    original = dataset_ops.DatasetV2.shuffle
+    if getattr(original, "_tnt_seeded", False):
+        return
+
+    def shuffle(self: Any, buffer_size: Any, seed: Any = None, reshuffle_each_iteration: Any = True, name: Any = None):
+        if seed is None:
+            logger.info(
+                "Dataset.shuffle without a seed: using seed %d so that every rank shuffles alike",
+                DEFAULT_SHUFFLE_SEED,
+            )
+            seed = DEFAULT_SHUFFLE_SEED
+        return original(self, buffer_size, seed=seed, reshuffle_each_iteration=reshuffle_each_iteration, name=name)
+
+    shuffle._tnt_seeded = True  # type: ignore[attr-defined]
+    shuffle.__doc__ = original.__doc__
+    dataset_ops.DatasetV2.shuffle = shuffle
+
+
+def _too_small(batch: int, size: int) -> str:
+    return (
+        f"tnt: a global batch of {batch} samples cannot be split over {size} ranks: every batch needs at least "
+        f"one sample per rank. Batch the dataset with at least {size} samples (it is the GLOBAL batch size), "
+        "and use drop_remainder=True if only the last batch is smaller."
+    )
+
+
+def slice_batches(ds: tf.data.Dataset, rank: int, size: int) -> tf.data.Dataset:
+    """Maps every global batch of ``ds`` to this rank's contiguous slice of it."""
+    static = static_batch_size(ds)
+    if static is not None and static < size:
+        raise ValueError(_too_small(static, size))
+    if size == 1:
+        return ds
+
+    def take_slice(*element: Any) -> Any:
+        data = element[0] if len(element) == 1 else element
+        leaves = [t for t in tf.nest.flatten(data) if t is not None]
+        batch = tf.shape(leaves[0])[0]
+        check = tf.debugging.assert_greater_equal(
+            batch, size, message=_too_small(-1, size).replace("-1 samples", "fewer samples than ranks")
+        )
+        with tf.control_dependencies([check]):
+            base = batch // size
+            extra = batch % size
+            count = base + tf.cast(rank < extra, batch.dtype)
+            start = rank * base + tf.minimum(rank, extra)
+        return tf.nest.map_structure(lambda t: t[start : start + count], data)
+
+    return ds.map(take_slice)
+
+
+def prepare(
+    ds: Any,
+    rank: int,
+    size: int,
+    *,
+    distribute: bool = True,
+    micro_batch_size: int | None = None,
+    what: str = "dataset",
+) -> tf.data.Dataset:
+    """Checks a dataset given to fit/evaluate/predict and returns what this rank should read."""
+    if micro_batch_size is not None:
+        if micro_batch_size <= 0:
+            raise ValueError(f"tnt: tnt_micro_batch_size must be positive, got {micro_batch_size}")
+        global_batch = micro_batch_size * size
+        batched = static_batch_size(ds) if find_batch(ds) is not None else None
+        if find_batch(ds) is None:
+            ds = ds.batch(global_batch)
+        elif batched is not None and batched != global_batch:
+            raise ValueError(
+                f"tnt: the {what} is batched with {batched} samples, but tnt_micro_batch_size={micro_batch_size} "
+                f"on {size} ranks needs global batches of {global_batch}. Leave the dataset unbatched when you "
+                "pass tnt_micro_batch_size, or batch it with micro_batch_size * tnt.get_size()."
+            )
+    if size > 1:
+        check_seeded_shuffles(ds)
+    if not distribute:
+        logger.info("the %s is not distributed: every rank reads all of it as its local batches", what)
+        return ds
+    return slice_batches(ds, rank, size)
+
+
+def arrays_to_dataset(
+    x: Any, y: Any, sample_weight: Any, batch_size: int | None, shuffle: bool, seed: int = DEFAULT_SHUFFLE_SEED
+) -> tf.data.Dataset:
+    """Numpy/tensor inputs as a globally batched dataset, shuffled identically on every rank."""
+    parts = tuple(p for p in (x, y, sample_weight) if p is not None)
+    data = parts[0] if len(parts) == 1 else parts
+    ds = tf.data.Dataset.from_tensor_slices(data)
+    if shuffle:
+        rows = len(tf.nest.flatten(data)[0])
+        ds = ds.shuffle(rows, seed=seed, reshuffle_each_iteration=True)
+    return ds.batch(batch_size or 32)
+
+
+def is_array_like(x: Any) -> bool:
+    return isinstance(x, (np.ndarray, tf.Tensor, list, tuple, dict)) and not isinstance(x, tf.data.Dataset)

@@ -1,0 +1,92 @@
+"""Global metric results: every metric's state is summed across ranks before its result is computed.
+
+Metric states are sums (totals, counts, confusion matrices), so the result on the summed state equals
+the serial result over the global batch: exact for the loss tracker, accuracy, top-k, AUC, precision,
+recall, F1, R2 and MeanIoU. Metrics whose state is a per-batch value (PearsonCorrelation) are not.
+Only the values used for the result are reduced; the variables themselves stay rank-local.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import keras
+import tensorflow as tf
+from keras.src.backend.common.stateless_scope import StatelessScope
+
+from . import ops
+
+
+class _Reducing(threading.local):
+    active = False
+
+
+_reducing = _Reducing()
+
+
+@contextlib.contextmanager
+def _summed(variables: Sequence[Any]) -> Iterator[None]:
+    """Within the block, reads of ``variables`` see their sums across ranks."""
+    if _reducing.active or not variables:
+        yield
+        return
+    by_dtype: dict[tf.DType, list[int]] = {}
+    values = [tf.convert_to_tensor(v.value) for v in variables]
+    for i, value in enumerate(values):
+        by_dtype.setdefault(value.dtype, []).append(i)
+    summed: list[Any] = list(values)
+    pending = []
+    for indices in by_dtype.values():
+        flat = tf.concat([tf.reshape(values[i], [-1]) for i in indices], axis=0)
+        pending.append((indices, ops.start_allreduce(flat)))
+    for indices, started in pending:
+        total = ops.finish(started)
+        parts = tf.split(total, [tf.size(values[i]) for i in indices])
+        for i, part in zip(indices, parts, strict=True):
+            summed[i] = tf.reshape(part, tf.shape(values[i]))
+    _reducing.active = True
+    try:
+        with StatelessScope(state_mapping=list(zip(variables, summed, strict=True))):
+            yield
+    finally:
+        _reducing.active = False
+
+
+def _global_result(metric: keras.metrics.Metric) -> None:
+    if getattr(metric, "_tnt_global", False):
+        return
+    original = metric.result
+
+    def result() -> Any:
+        with _summed(list(metric.variables)):
+            return original()
+
+    metric.result = result
+    metric._tnt_global = True
+
+
+def install_global_metrics(model: keras.Model, size: int) -> None:
+    """Makes ``model.get_metrics_result`` and every metric's ``result`` global (idempotent).
+
+    ``get_metrics_result`` reduces all metrics in one fused collective; the per-metric hook covers
+    custom ``train_step``s that call ``metric.result()`` themselves.
+    """
+    if size == 1:
+        return
+    for metric in model.metrics:
+        _global_result(metric)
+    if getattr(model, "_tnt_global_metrics", False):
+        return
+    original = model.get_metrics_result
+
+    def get_metrics_result() -> Any:
+        for metric in model.metrics:
+            _global_result(metric)
+        with _summed([v for m in model.metrics for v in m.variables]):
+            return original()
+
+    model.get_metrics_result = get_metrics_result
+    model._tnt_global_metrics = True

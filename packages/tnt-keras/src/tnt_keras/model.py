@@ -1,0 +1,489 @@
+"""``tnt.Model``: a Keras model that trains data-parallel over all ranks.
+
+The wrapper keeps the user's model whole and lets Keras run it: ``fit``, ``evaluate`` and ``predict``
+hand each rank its slice of every global batch and then call the wrapped model's own methods, whose
+train step (Keras' or the user's override) has been given three hooks: gradients summed across
+ranks before the optimizer applies them (``reduce.py``), metric results on states summed across
+ranks (``metrics.py``), and callbacks that run, print and write per rank policy (``callbacks.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+import tnt_comm
+
+from . import callbacks as tnt_callbacks
+from . import data, metrics, reduce, runtime
+from .runtime import logger
+
+_BN_WARN_BELOW = 16
+
+
+def _atomic_target(filepath: str | os.PathLike[str], suffix: str) -> tuple[str, str]:
+    """A temporary path beside ``filepath`` that keeps Keras' required ``suffix``."""
+    path = os.fspath(filepath)
+    directory, name = os.path.split(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    stem = name[: -len(suffix)] if name.endswith(suffix) else name
+    return path, os.path.join(directory, f".{stem}.tnt-tmp-{os.getpid()}{suffix}")
+
+
+def _write_atomically(filepath: str | os.PathLike[str], suffix: str, overwrite: bool, write: Any) -> None:
+    path, tmp = _atomic_target(filepath, suffix)
+    if not overwrite and os.path.exists(path):
+        raise FileExistsError(f"tnt: {path} exists; pass overwrite=True to replace it")
+    try:
+        write(tmp)
+        os.replace(tmp, path)  # a crash leaves the old file, never a half-written one
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def _weights_suffix(filepath: str) -> str:
+    for suffix in (".weights.h5", ".weights.json", ".keras"):
+        if filepath.endswith(suffix):
+            return suffix
+    raise ValueError(f"tnt: save_weights needs a file name ending in .weights.h5 (got {filepath!r}), as in Keras 3")
+
+
+class _RowCounter(keras.callbacks.Callback):
+    """Counts the rows each predict batch yields, to put every rank's slices back in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[int] = []
+
+    def on_predict_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        outputs = (logs or {}).get("outputs")
+        leaves = [t for t in tf.nest.flatten(outputs) if t is not None]
+        self.rows.append(int(leaves[0].shape[0]) if leaves else 0)
+
+
+@keras.saving.register_keras_serializable(package="tnt", name="Model")
+class Model(keras.Model):
+    """Wraps a Keras model (Functional, Sequential or subclassed) for data-parallel training.
+
+    Args:
+        model: the ``keras.Model`` to train. Its own ``train_step``, if it overrides one, is kept.
+
+    Example::
+
+        import tnt_keras as tnt
+        model = tnt.Model(keras_model)
+        model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+        model.fit(train_ds.batch(256), epochs=3)   # 256 is the GLOBAL batch size
+
+    Start the script with ``tnt-launch -n 4 -- train.py``; without it the script runs as one rank.
+    """
+
+    def __init__(self, model: keras.Model, **kwargs: Any) -> None:
+        if isinstance(model, Model):
+            model = model._model
+        if not isinstance(model, keras.Model):
+            raise TypeError(f"tnt.Model wraps a keras.Model, got {type(model).__name__}")
+        kwargs.setdefault("name", f"tnt_{model.name}")
+        self._tnt_local: dict[str, Any] = {}
+        super().__init__(**kwargs)
+        self._model = model
+        self.built = True
+        self._tnt_rank = runtime.get_rank()
+        self._tnt_size = runtime.get_size()
+        if model.compiled:
+            self._install_hooks()
+
+    # -- the wrapped model shows through ---------------------------------------------------------
+
+    def __getattr__(self, name: str) -> Any:
+        model = self.__dict__.get("_model")
+        if model is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(model, name)
+
+    @property
+    def model(self) -> keras.Model:
+        """The wrapped Keras model."""
+        return self._model
+
+    # Keras' fit loop and callbacks read and write these on the model they run on.
+    @property
+    def stop_training(self) -> bool:
+        return bool(getattr(self._model, "stop_training", False))
+
+    @stop_training.setter
+    def stop_training(self, value: bool) -> None:
+        if "_model" in self.__dict__:
+            self._model.stop_training = value
+
+    @property
+    def _initial_epoch(self) -> Any:
+        model = self.__dict__.get("_model")
+        return model._initial_epoch if model is not None else self._tnt_local.get("_initial_epoch")
+
+    @_initial_epoch.setter
+    def _initial_epoch(self, value: Any) -> None:
+        model = self.__dict__.get("_model")
+        if model is None:
+            self._tnt_local["_initial_epoch"] = value
+        else:
+            model._initial_epoch = value
+
+    @property
+    def metrics(self) -> list[Any]:
+        return self._model.metrics if "_model" in self.__dict__ else []
+
+    @property
+    def metrics_names(self) -> list[str]:
+        return self._model.metrics_names
+
+    @property
+    def layers(self) -> list[Any]:
+        return self._model.layers
+
+    def call(self, inputs: Any, training: Any = None) -> Any:
+        return self._model(inputs, training=training)
+
+    def summary(self, *args: Any, **kwargs: Any) -> None:
+        return self._model.summary(*args, **kwargs)
+
+    # -- configuration -----------------------------------------------------------------------------
+
+    def get_config(self) -> dict[str, Any]:
+        return {"model": keras.saving.serialize_keras_object(self._model), "name": self.name}
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> Model:
+        inner = keras.saving.deserialize_keras_object(config["model"], custom_objects=custom_objects)
+        return cls(inner, name=config.get("name"))
+
+    def compile(self, optimizer: Any = "rmsprop", *args: Any, jit_compile: Any = "auto", **kwargs: Any) -> None:
+        """As ``keras.Model.compile``; XLA is refused since the collective op cannot run under it."""
+        if jit_compile is True:
+            raise ValueError(
+                "tnt: jit_compile=True is not supported: XLA cannot run tnt's gradient collective. "
+                "Leave jit_compile unset (tnt compiles the step with jit_compile=False)."
+            )
+        self._model.compile(optimizer, *args, jit_compile=False, **kwargs)
+        reduce.check_optimizer(self._model.optimizer)
+        self.compiled = True
+        self._install_hooks()
+
+    def get_compile_config(self) -> dict[str, Any]:
+        return self._model.get_compile_config()
+
+    def compile_from_config(self, config: dict[str, Any]) -> None:
+        config = keras.saving.deserialize_keras_object(config)
+        self.compile(**config)
+        if self._model.built and self._model.optimizer is not None:
+            self._model.optimizer.build(self._model.trainable_variables)
+
+    def _install_hooks(self) -> None:
+        self.compiled = True
+        reduce.install_gradient_sum(self._model, self._tnt_size)
+        metrics.install_global_metrics(self._model, self._tnt_size)
+
+    # -- training and inference -------------------------------------------------------------------
+
+    def _dataset(
+        self,
+        x: Any,
+        y: Any,
+        sample_weight: Any,
+        batch_size: int | None,
+        *,
+        shuffle: bool,
+        distribute: bool,
+        micro_batch_size: int | None,
+        what: str,
+    ) -> tf.data.Dataset:
+        if isinstance(x, tf.data.Dataset):
+            if batch_size is not None:
+                raise ValueError(
+                    f"tnt: batch_size={batch_size} was given together with a tf.data.Dataset. Batch the dataset "
+                    "itself with the GLOBAL batch size (ds.batch(B)) and leave batch_size unset."
+                )
+            if y is not None or sample_weight is not None:
+                raise ValueError("tnt: with a tf.data.Dataset, y and sample_weight come from the dataset")
+        elif data.is_array_like(x):
+            if micro_batch_size is not None:
+                batch_size = micro_batch_size * self._tnt_size
+                micro_batch_size = None
+            x = data.arrays_to_dataset(x, y, sample_weight, batch_size, shuffle)
+        else:
+            raise TypeError(
+                f"tnt: {what} takes a tf.data.Dataset batched with the global batch size, or numpy arrays with "
+                f"batch_size; got {type(x).__name__}. Wrap generators with tf.data.Dataset.from_generator."
+            )
+        return data.prepare(
+            x, self._tnt_rank, self._tnt_size, distribute=distribute, micro_batch_size=micro_batch_size, what=what
+        )
+
+    def _verbose(self, verbose: Any) -> Any:
+        return verbose if runtime.prints_here() else 0
+
+    def _prepare_variables(self, ds: tf.data.Dataset) -> None:
+        """Builds model, metrics and optimizer from the data's shapes, then takes rank 0's values."""
+        inner = self._model
+        if not inner.compiled:
+            raise RuntimeError("tnt: call compile() before fit()/evaluate()")
+        self._install_hooks()
+        optimizer = getattr(inner, "optimizer", None)
+        unbuilt = not all(layer.built for layer in inner._flatten_layers()) or (
+            optimizer is not None and not optimizer.built
+        )
+        if unbuilt:
+            inner._symbolic_build(data_batch=ds.element_spec)
+        metrics.install_global_metrics(inner, self._tnt_size)
+        reduce.broadcast_variables(reduce.model_and_optimizer_variables(inner))
+        self._warn_small_batch_norm(ds)
+
+    def _warn_small_batch_norm(self, ds: tf.data.Dataset) -> None:
+        if self._tnt_size == 1 or self._tnt_local.get("bn_warned"):
+            return
+        global_batch = data.static_batch_size(ds._input_dataset) if hasattr(ds, "_input_dataset") else None
+        if global_batch is None:
+            return
+        micro = global_batch // self._tnt_size
+        has_bn = any(isinstance(layer, keras.layers.BatchNormalization) for layer in self._model._flatten_layers())
+        if has_bn and micro < _BN_WARN_BELOW:
+            logger.warning(
+                "BatchNormalization normalises over each rank's micro-batch of %d samples (global batch %d over "
+                "%d ranks); statistics over fewer than %d samples are noisy. Use a larger global batch.",
+                micro,
+                global_batch,
+                self._tnt_size,
+                _BN_WARN_BELOW,
+            )
+            self._tnt_local["bn_warned"] = True
+
+    def fit(
+        self,
+        x: Any = None,
+        y: Any = None,
+        batch_size: int | None = None,
+        epochs: int = 1,
+        verbose: Any = "auto",
+        callbacks: Any = None,
+        validation_split: float = 0.0,
+        validation_data: Any = None,
+        shuffle: bool = True,
+        class_weight: Any = None,
+        sample_weight: Any = None,
+        initial_epoch: int = 0,
+        steps_per_epoch: int | None = None,
+        validation_steps: int | None = None,
+        validation_batch_size: int | None = None,
+        validation_freq: int = 1,
+        tnt_micro_batch_size: int | None = None,
+        tnt_validation_micro_batch_size: int | None = None,
+        tnt_distribute_dataset: bool = True,
+        tnt_distribute_validation_dataset: bool = True,
+    ) -> keras.callbacks.History:
+        """As ``keras.Model.fit``, on this rank's slice of every global batch.
+
+        Args (beyond Keras'):
+            tnt_micro_batch_size: batch an unbatched dataset with ``micro * get_size()`` samples.
+            tnt_validation_micro_batch_size: the same for ``validation_data``.
+            tnt_distribute_dataset: False gives every rank the whole dataset as its local batches.
+            tnt_distribute_validation_dataset: the same for ``validation_data``.
+        """
+        if validation_split and validation_data is None:
+            if isinstance(x, tf.data.Dataset):
+                raise ValueError("tnt: validation_split needs numpy inputs; pass validation_data with a dataset")
+            from keras.src.trainers.data_adapters import array_slicing
+
+            (x, y, sample_weight), validation_data = array_slicing.train_validation_split(
+                (x, y, sample_weight), validation_split=validation_split
+            )
+        ds = self._dataset(
+            x,
+            y,
+            sample_weight,
+            batch_size,
+            shuffle=shuffle,
+            distribute=tnt_distribute_dataset,
+            micro_batch_size=tnt_micro_batch_size,
+            what="training dataset",
+        )
+        val_ds = None
+        if validation_data is not None:
+            if isinstance(validation_data, tf.data.Dataset):
+                val = (validation_data, None, None)
+            else:
+                val = tuple(validation_data) + (None,) * (3 - len(validation_data))
+            val_ds = self._dataset(
+                *val,
+                None if isinstance(validation_data, tf.data.Dataset) else (validation_batch_size or batch_size),
+                shuffle=False,
+                distribute=tnt_distribute_validation_dataset,
+                micro_batch_size=tnt_validation_micro_batch_size,
+                what="validation dataset",
+            )
+        self._prepare_variables(ds)
+        return self._model.fit(
+            ds,
+            epochs=epochs,
+            verbose=self._verbose(verbose),
+            callbacks=tnt_callbacks.wrap_all(callbacks, self),
+            validation_data=val_ds,
+            class_weight=class_weight,
+            initial_epoch=initial_epoch,
+            steps_per_epoch=steps_per_epoch,
+            validation_steps=validation_steps,
+            validation_freq=validation_freq,
+            shuffle=False,  # the dataset is already in the order every rank agrees on
+        )
+
+    def evaluate(
+        self,
+        x: Any = None,
+        y: Any = None,
+        batch_size: int | None = None,
+        verbose: Any = "auto",
+        sample_weight: Any = None,
+        steps: int | None = None,
+        callbacks: Any = None,
+        return_dict: bool = False,
+        tnt_micro_batch_size: int | None = None,
+        tnt_distribute_dataset: bool = True,
+        **kwargs: Any,
+    ) -> Any:
+        """As ``keras.Model.evaluate``; each rank evaluates its slice, results are global."""
+        ds = self._dataset(
+            x,
+            y,
+            sample_weight,
+            batch_size,
+            shuffle=False,
+            distribute=tnt_distribute_dataset,
+            micro_batch_size=tnt_micro_batch_size,
+            what="evaluation dataset",
+        )
+        self._prepare_variables(ds)
+        return self._model.evaluate(
+            ds,
+            verbose=self._verbose(verbose),
+            steps=steps,
+            callbacks=tnt_callbacks.wrap_all(callbacks, self),
+            return_dict=return_dict,
+            **kwargs,
+        )
+
+    def predict(
+        self,
+        x: Any,
+        batch_size: int | None = None,
+        verbose: Any = "auto",
+        steps: int | None = None,
+        callbacks: Any = None,
+        tnt_micro_batch_size: int | None = None,
+        tnt_distribute_dataset: bool = True,
+    ) -> Any:
+        """As ``keras.Model.predict``; each rank predicts its slice and every rank gets the whole
+        result, in the order of the input."""
+        ds = self._dataset(
+            x,
+            None,
+            None,
+            batch_size,
+            shuffle=False,
+            distribute=tnt_distribute_dataset,
+            micro_batch_size=tnt_micro_batch_size,
+            what="prediction dataset",
+        )
+        wrapped = tnt_callbacks.wrap_all(callbacks, self)
+        if self._tnt_size == 1 or not tnt_distribute_dataset:
+            return self._model.predict(ds, verbose=self._verbose(verbose), steps=steps, callbacks=wrapped)
+        counter = _RowCounter()
+        inner = self._model
+        steps_per_execution = inner.steps_per_execution
+        if steps_per_execution != 1:  # one callback per global batch keeps the reassembly simple
+            inner.steps_per_execution, inner.predict_function = 1, None
+        try:
+            local = inner.predict(ds, verbose=self._verbose(verbose), steps=steps, callbacks=[*wrapped, counter])
+        finally:
+            if steps_per_execution != 1:
+                inner.steps_per_execution, inner.predict_function = steps_per_execution, None
+        rows = tnt_comm.allgather(np.asarray(counter.rows, dtype=np.int64))  # (ranks, batches)
+        return tf.nest.map_structure(lambda a: _reassemble(np.asarray(a), rows), local)
+
+    # -- weights and files -------------------------------------------------------------------------
+
+    def get_weights(self) -> list[np.ndarray]:
+        return self._model.get_weights()
+
+    def set_weights(self, weights: Any) -> None:
+        """Sets the weights, then every rank takes rank 0's (so all ranks stay identical)."""
+        self._model.set_weights(weights)
+        reduce.broadcast_variables(self._model.weights)
+
+    def _writes_here(self, tnt_save_all_devices: bool) -> bool:
+        return tnt_save_all_devices or runtime.is_master_rank()
+
+    def save(
+        self,
+        filepath: str | os.PathLike[str],
+        overwrite: bool = True,
+        tnt_save_all_devices: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        """Saves the whole model to a ``.keras`` file, on the master rank only, atomically."""
+        path = os.fspath(filepath)
+        if path.endswith((".h5", ".hdf5")):
+            raise ValueError(
+                f"tnt: cannot save a tnt.Model to the legacy HDF5 file {path!r}: it could not be loaded back as a "
+                "tnt.Model. Save to a .keras file (model.save('model.keras')), or only the weights "
+                "(model.save_weights('model.weights.h5'))."
+            )
+        if not path.endswith(".keras"):
+            raise ValueError(f"tnt: whole-model files end in .keras (got {path!r}); for SavedModel use export()")
+        if self._writes_here(tnt_save_all_devices):
+            _write_atomically(path, ".keras", overwrite, lambda tmp: keras.saving.save_model(self, tmp, **kwargs))
+
+    def save_weights(
+        self,
+        filepath: str | os.PathLike[str],
+        overwrite: bool = True,
+        tnt_save_all_devices: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        """Saves the wrapped model's weights (loadable by plain Keras too), on the master rank only."""
+        path = os.fspath(filepath)
+        suffix = _weights_suffix(path)
+        target = self if suffix == ".keras" else self._model
+        if self._writes_here(tnt_save_all_devices):
+            _write_atomically(
+                path, suffix, overwrite, lambda tmp: keras.Model.save_weights(target, tmp, overwrite=True, **kwargs)
+            )
+
+    def load_weights(self, filepath: str | os.PathLike[str], *args: Any, **kwargs: Any) -> None:
+        """Loads weights on every rank, then all ranks take rank 0's values."""
+        path = os.fspath(filepath)
+        target = self if path.endswith(".keras") else self._model
+        keras.Model.load_weights(target, path, *args, **kwargs)
+        reduce.broadcast_variables(reduce.model_and_optimizer_variables(self._model))
+
+    def export(self, filepath: str | os.PathLike[str], *args: Any, tnt_save_all_devices: bool = False, **kwargs: Any):
+        """Exports the wrapped model (e.g. a SavedModel for serving), on the master rank only."""
+        if self._writes_here(tnt_save_all_devices):
+            return self._model.export(filepath, *args, **kwargs)
+        return None
+
+
+def _reassemble(local: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Every rank's slices of every batch, back in the order of the global batches."""
+    gathered = tnt_comm.allgatherv(np.ascontiguousarray(local))
+    starts = np.concatenate([[0], np.cumsum(rows.sum(axis=1))[:-1]])  # where each rank's block begins
+    pieces = []
+    offsets = starts.copy()
+    for batch in range(rows.shape[1]):
+        for rank in range(rows.shape[0]):
+            count = int(rows[rank, batch])
+            pieces.append(gathered[offsets[rank] : offsets[rank] + count])
+            offsets[rank] += count
+    return np.concatenate(pieces) if pieces else gathered

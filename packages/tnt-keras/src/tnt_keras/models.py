@@ -1,0 +1,57 @@
+"""Whole-model and architecture functions that return ``tnt.Model``s (as ``keras.models``)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import keras
+
+from . import reduce
+from .model import Model
+
+
+def _as_tnt(model: keras.Model) -> Model:
+    return model if isinstance(model, Model) else Model(model)
+
+
+def save_model(
+    model: keras.Model,
+    filepath: str | os.PathLike[str],
+    overwrite: bool = True,
+    tnt_save_all_devices: bool = False,
+    **kwargs: Any,
+) -> None:
+    """Saves a ``tnt.Model`` or a plain ``keras.Model`` to a ``.keras`` file, on the master rank only."""
+    _as_tnt(model).save(filepath, overwrite=overwrite, tnt_save_all_devices=tnt_save_all_devices, **kwargs)
+
+
+def load_model(
+    filepath: str | os.PathLike[str], custom_objects: Any = None, compile: bool = True, **kwargs: Any
+) -> Model:
+    """Loads a ``.keras`` file as a ``tnt.Model``, compiled if it was saved compiled.
+
+    Every rank reads the file; then all take rank 0's weights and optimizer state.
+    """
+    loaded = keras.saving.load_model(filepath, custom_objects=custom_objects, compile=compile, **kwargs)
+    model = _as_tnt(loaded)
+    reduce.broadcast_variables(reduce.model_and_optimizer_variables(model.model))
+    return model
+
+
+def model_from_config(config: dict[str, Any], custom_objects: Any = None) -> Model:
+    """A new, uncompiled ``tnt.Model`` from ``get_config()`` output (of a tnt or a Keras model)."""
+    if "class_name" not in config:  # the bare output of Model.get_config()
+        return Model.from_config(config, custom_objects=custom_objects)
+    return _as_tnt(keras.models.model_from_config(config, custom_objects=custom_objects))
+
+
+def model_from_json(json_string: str, custom_objects: Any = None) -> Model:
+    """A new, uncompiled ``tnt.Model`` from ``to_json()`` output."""
+    return _as_tnt(keras.models.model_from_json(json_string, custom_objects=custom_objects))
+
+
+def clone_model(model: keras.Model, *args: Any, **kwargs: Any) -> Model:
+    """A ``tnt.Model`` with the same architecture and fresh weights, as ``keras.models.clone_model``."""
+    inner = model.model if isinstance(model, Model) else model
+    return Model(keras.models.clone_model(inner, *args, **kwargs))

@@ -1,0 +1,173 @@
+"""Allreduce as TensorFlow ops, so communication overlaps with the computation of a step.
+
+``start_allreduce(x)`` hands `x` to tnt_comm's engine and returns at once; ``finish(p)`` is the
+tensor that becomes ready when the collective completes. Both work eagerly and inside
+``tf.function``. Every rank must start the same collectives in the same order: inside a
+``tf.function`` the starts are stateful ops, which TensorFlow runs in program order, so that holds
+whenever all ranks run the same program. Finishes may come in any order.
+
+    p1 = start_allreduce(grad1)   # the order of starts is the order of collectives
+    p2 = start_allreduce(grad2)
+    g2 = finish(p2)               # waits only for what it needs
+    g1 = finish(p1)
+
+The op (``tnt_ops.cc``) is compiled against the installed TensorFlow on first import, into a cache
+shared by all processes of a host (``python -m tnt_keras.ops`` prebuilds it). Without a compiler, or
+if that fails, a warning is logged and a ``tf.numpy_function`` fallback does the same, blocking a
+thread per call. ``TNT_KERAS_OPS=numpy`` forces the fallback, ``TNT_KERAS_OPS=async-op`` makes a
+failed build an error. XLA cannot compile either: steps that use them run with ``jit_compile=False``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from types import ModuleType
+
+import numpy as np
+import tensorflow as tf
+import tnt_comm
+
+from . import _build
+
+__all__ = ["REDUCTIONS", "SUPPORTED_DTYPES", "Pending", "allreduce", "backend", "finish", "start_allreduce"]
+
+log = logging.getLogger("tnt_keras")
+
+SUPPORTED_DTYPES: tuple[tf.DType, ...] = (
+    tf.float16,
+    tf.bfloat16,
+    tf.float32,
+    tf.float64,
+    tf.int32,
+    tf.int64,
+    tf.uint8,
+)
+REDUCTIONS: tuple[str, ...] = ("sum", "prod", "min", "max", "avg")
+
+
+class Pending:
+    """An allreduce in flight, returned by ``start_allreduce``; ``finish`` it exactly once.
+
+    Its tensors are not for reading: the result is valid only once ``finish`` returns it.
+    """
+
+    __slots__ = ("_handle", "_result", "_input", "_finished")
+
+    def __init__(self, handle: tf.Tensor | None, result: tf.Tensor, source: tf.Tensor) -> None:
+        self._handle = handle  # None: the numpy_function fallback, already complete
+        self._result = result
+        self._input = source
+        self._finished = False
+
+    @property
+    def shape(self) -> tf.TensorShape:
+        return self._result.shape if self._result is not None else tf.TensorShape(None)
+
+    @property
+    def dtype(self) -> tf.DType | None:
+        return self._result.dtype if self._result is not None else None
+
+    def __repr__(self) -> str:
+        state = "finished" if self._finished else "pending"
+        return f"<Pending allreduce {state} shape={self.shape} dtype={getattr(self.dtype, 'name', None)}>"
+
+
+_loaded: ModuleType | None = None  # the op library, once loaded (loading is once per process)
+_lib: ModuleType | None = None  # the op library while the async-op backend is in use
+_runtime_started = False
+
+
+def backend() -> str:
+    """Which implementation runs: "async-op" (the compiled op) or "numpy_function" (the fallback)."""
+    return "async-op" if _lib is not None else "numpy_function"
+
+
+def _select(mode: str | None = None) -> None:
+    """Picks the backend; `mode` (default $TNT_KERAS_OPS) is auto, async-op or numpy."""
+    global _lib, _loaded
+    mode = (os.environ.get("TNT_KERAS_OPS", "") if mode is None else mode).strip().lower() or "auto"
+    if mode in ("numpy", "numpy_function"):
+        _lib = None
+        return
+    if mode not in ("auto", "async-op"):
+        log.warning("tnt_keras: ignoring TNT_KERAS_OPS=%r (use auto, async-op or numpy)", mode)
+        mode = "auto"
+    try:
+        if _loaded is None:
+            _loaded = _build.load(_build.build())
+        _lib = _loaded
+    except Exception as e:
+        if mode == "async-op":
+            raise
+        # A broken build must not stop training: it only costs speed, so warn and go on.
+        log.warning(
+            "tnt_keras: the TensorFlow allreduce op is unavailable, falling back to tf.numpy_function "
+            "(slower: it blocks a thread for every allreduce). Reason: %s",
+            e,
+        )
+        _lib = None
+
+
+def _check(x: tf.Tensor, op: str) -> None:
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(
+            f"allreduce does not support dtype {x.dtype.name}; supported dtypes: "
+            f"{', '.join(d.name for d in SUPPORTED_DTYPES)} (cast with tf.cast)"
+        )
+    if op not in REDUCTIONS:
+        raise ValueError(f"unknown reduction op {op!r}; use one of {', '.join(REDUCTIONS)}")
+
+
+def _numpy_allreduce(a: np.ndarray, op: str) -> np.ndarray:
+    return tnt_comm.allreduce(np.asarray(a, order="C"), op=op)
+
+
+def start_allreduce(x: tf.Tensor, op: str = "sum") -> Pending:
+    """Submits an allreduce of `x` over all ranks (sum, prod, min, max or avg) and returns at once.
+
+    All ranks must start the same allreduces (dtype, shape, op) in the same order; a mismatch or a
+    dead peer makes ``finish`` raise a ``tf.errors.OpError`` instead of hanging.
+    """
+    global _runtime_started
+    x = tf.convert_to_tensor(x)
+    _check(x, op)
+    if not _runtime_started:  # connect through the Python API, which also registers the finalizer
+        tnt_comm.init()
+        _runtime_started = True
+    if _lib is not None:
+        result, handle = _lib.tnt_allreduce_start(x, reduction=op)
+        return Pending(handle, result, x)
+    # Scalars travel as shape (1,): eager numpy_function cannot hand over a 0-d bfloat16 (TF 2.21).
+    flat = tf.reshape(x, [1]) if x.shape.rank == 0 else x
+    result = tf.numpy_function(
+        functools.partial(_numpy_allreduce, op=op), [flat], Tout=x.dtype, stateful=True, name="TntAllreduceNumpy"
+    )
+    result = tf.reshape(result, []) if x.shape.rank == 0 else result
+    result.set_shape(x.shape)
+    return Pending(None, result, x)
+
+
+def finish(p: Pending) -> tf.Tensor:
+    """The result of the allreduce `p`: ready when the collective is, without blocking a thread meanwhile."""
+    if not isinstance(p, Pending):
+        raise TypeError(f"finish() takes the Pending returned by start_allreduce, not {type(p).__name__}")
+    if p._finished:
+        raise RuntimeError("this allreduce was already finished; call finish() once per start_allreduce()")
+    p._finished = True
+    handle, result, source = p._handle, p._result, p._input
+    p._handle = p._result = p._input = None  # eager tensors: free them as soon as the caller does
+    if handle is None:
+        return result
+    if _loaded is None:  # only a Pending of the op backend has a handle, so the library is loaded
+        raise RuntimeError("the allreduce op library is not loaded")
+    return _loaded.tnt_allreduce_wait(handle, result, source)
+
+
+def allreduce(x: tf.Tensor, op: str = "sum") -> tf.Tensor:
+    """``finish(start_allreduce(x, op))``: the allreduce of `x` over all ranks."""
+    return finish(start_allreduce(x, op))
+
+
+_select()

@@ -1,0 +1,257 @@
+// TensorFlow ops that hand a tensor to tnt_comm's engine and let TensorFlow go on while it travels.
+//
+// TntAllreduceStart (stateful, synchronous): allocates the output, submits the allreduce through the
+// tnt_comm C ABI and returns a handle. Stateful so that tf.function's automatic control
+// dependencies run every start in program order: that keeps the order of collectives identical on
+// all ranks, and it also keeps TensorFlow from pruning, CSE'ing or constant-folding a start.
+//
+// TntAllreduceWait (not stateful, asynchronous): completes when the collective does. Not stateful so
+// that TensorFlow does not chain the waits, which may then finish in any order while backprop runs.
+// ComputeAsync only registers TensorFlow's `done`; the engine's completion callback (on tnt_comm's
+// progress thread) forwards the result and calls it. No inter-op thread is ever blocked.
+//
+// Built by tnt_keras/ops/_build.py against the installed TensorFlow; see there for the flags.
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tnt_comm/c_api.h"
+
+namespace {
+
+using tensorflow::AsyncOpKernel;
+using tensorflow::DataType;
+using tensorflow::OpKernel;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::Tensor;
+using tensorflow::TensorShape;
+using tensorflow::TensorShapeUtils;
+using tensorflow::shape_inference::InferenceContext;
+
+// The one global of this library: tnt_comm's C ABI table, handed over once from Python
+// (tnt_ops_set_api) right after loading. It must be process-wide because the op kernels are
+// created by TensorFlow, which offers no way to pass them a pointer, and it must be the table of the
+// already imported tnt_comm module so the op uses the same runtime (connections, sequence numbers)
+// as tnt_comm's Python API instead of a second copy of it. Set once, read lock-free afterwards.
+std::atomic<const tnt_comm_api_v1*> g_api{nullptr};
+
+constexpr std::uint64_t kMagic = 0x746e745f70656e64ULL;  // "tnt_pend": catches most misused handles
+
+// One allreduce in flight. Two references: the engine's (dropped by its completion callback) and
+// the handle's (dropped by the wait that consumes it). A handle that is never waited for leaks this
+// small object, but not the tensors: those are released as soon as the collective completes.
+struct Pending {
+  std::uint64_t magic = kMagic;
+  std::atomic<int> refs{2};
+  std::mutex mu;
+  bool completed = false;  // guarded by mu, like everything below
+  bool failed = false;
+  std::string error;
+  Tensor input;   // kept alive while the engine reads from it
+  Tensor output;  // kept alive while the engine writes into it, even if the wait is pruned
+  OpKernelContext* waiter = nullptr;
+  AsyncOpKernel::DoneCallback waiter_done;
+
+  void Unref() {
+    if (refs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      magic = 0;
+      delete this;
+    }
+  }
+};
+
+// Sets the wait's result: the start's output forwarded without a copy, or the engine's error.
+void Complete(OpKernelContext* ctx, const Pending& p) {
+  if (p.failed) {
+    ctx->CtxFailure(absl::InternalError(absl::StrCat("tnt_comm allreduce failed: ", p.error)));
+  } else {
+    ctx->set_output(0, ctx->input(1));
+  }
+}
+
+// tnt_comm's completion callback: runs on the progress thread (or inline if submission fails
+// late), so it only takes a short lock, and TensorFlow's `done` only schedules the ready ops.
+void OnDone(void* ctx, const char* error) {
+  auto* p = static_cast<Pending*>(ctx);
+  OpKernelContext* waiter = nullptr;
+  AsyncOpKernel::DoneCallback done;
+  {
+    Tensor input, output;  // the buffers are released after the unlock, before `done`
+    std::lock_guard<std::mutex> lock(p->mu);
+    p->completed = true;
+    if (error != nullptr) {
+      p->failed = true;
+      p->error = error;
+    }
+    std::swap(input, p->input);
+    std::swap(output, p->output);
+    waiter = p->waiter;
+    done = std::move(p->waiter_done);
+  }
+  if (waiter != nullptr) {
+    Complete(waiter, *p);
+    done();
+    p->Unref();  // the handle's reference, handed over by the wait
+  }
+  p->Unref();
+}
+
+std::int32_t DTypeCode(DataType t) {
+  switch (t) {
+    case tensorflow::DT_HALF: return 0;
+    case tensorflow::DT_BFLOAT16: return 1;
+    case tensorflow::DT_FLOAT: return 2;
+    case tensorflow::DT_DOUBLE: return 3;
+    case tensorflow::DT_INT32: return 4;
+    case tensorflow::DT_INT64: return 5;
+    case tensorflow::DT_UINT8: return 6;
+    default: return -1;
+  }
+}
+
+std::int32_t OpCode(const std::string& op) {
+  if (op == "sum") return 0;
+  if (op == "prod") return 1;
+  if (op == "min") return 2;
+  if (op == "max") return 3;
+  if (op == "avg") return 4;
+  return -1;
+}
+
+class AllreduceStartOp : public OpKernel {
+ public:
+  explicit AllreduceStartOp(OpKernelConstruction* c) : OpKernel(c) {
+    DataType t;
+    OP_REQUIRES_OK(c, c->GetAttr("T", &t));
+    std::string reduction;
+    OP_REQUIRES_OK(c, c->GetAttr("reduction", &reduction));
+    dtype_ = DTypeCode(t);
+    op_ = OpCode(reduction);
+    OP_REQUIRES(c, dtype_ >= 0, absl::InvalidArgumentError("TntAllreduceStart: unsupported dtype"));
+    OP_REQUIRES(c, op_ >= 0, absl::InvalidArgumentError(absl::StrCat("TntAllreduceStart: unknown reduction ", reduction)));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const tnt_comm_api_v1* api = g_api.load(std::memory_order_acquire);
+    OP_REQUIRES(ctx, api != nullptr,
+                absl::FailedPreconditionError("tnt_comm's C API was not handed to the op library; load it "
+                                           "through tnt_keras.ops, not tf.load_op_library"));
+    const Tensor& input = ctx->input(0);
+    Tensor* output = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, input.shape(), &output));
+    Tensor* handle = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({}), &handle));
+
+    auto* p = new Pending;
+    p->input = input;
+    p->output = *output;
+    handle->scalar<std::int64_t>()() = static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(p));
+    const int rc = api->allreduce_async(input.data(), output->data(),
+                                        static_cast<std::uint64_t>(input.NumElements()), dtype_, op_,
+                                        &OnDone, p);
+    if (rc != 0) {  // not started: the callback will not run, nobody else knows p
+      const std::string message = api->last_error();
+      delete p;
+      ctx->CtxFailure(absl::InternalError(absl::StrCat("tnt_comm allreduce could not start: ", message)));
+    }
+  }
+
+ private:
+  std::int32_t dtype_ = -1;
+  std::int32_t op_ = -1;
+};
+
+class AllreduceWaitOp : public AsyncOpKernel {
+ public:
+  explicit AllreduceWaitOp(OpKernelConstruction* c) : AsyncOpKernel(c) {}
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    const Tensor& h = ctx->input(0);
+    OP_REQUIRES_ASYNC(ctx, TensorShapeUtils::IsScalar(h.shape()),
+                      absl::InvalidArgumentError("TntAllreduceWait: the handle must be a scalar"), done);
+    auto* p = reinterpret_cast<Pending*>(static_cast<std::intptr_t>(h.scalar<std::int64_t>()()));
+    OP_REQUIRES_ASYNC(ctx, p != nullptr && p->magic == kMagic,
+                      absl::InvalidArgumentError("TntAllreduceWait: not a live handle of TntAllreduceStart "
+                                              "(each handle may be waited for once)"),
+                      done);
+    {
+      std::lock_guard<std::mutex> lock(p->mu);
+      OP_REQUIRES_ASYNC(ctx, p->waiter == nullptr,
+                        absl::InvalidArgumentError("TntAllreduceWait: the handle is already being waited for"),
+                        done);
+      if (!p->completed) {
+        // The callback completes us; from here on neither ctx nor p may be touched.
+        p->waiter = ctx;
+        p->waiter_done = std::move(done);
+        return;
+      }
+    }
+    Complete(ctx, *p);
+    p->Unref();
+    done();
+  }
+};
+
+}  // namespace
+
+// Hands tnt_comm's C ABI table (from the capsule tnt_comm._core._C_API) to this library. Returns 0
+// on success (also when the same table is handed again), 1 for a null table, 2 for a table of
+// another ABI version, 3 when a different table was already set.
+extern "C" __attribute__((visibility("default"))) int tnt_ops_set_api(const void* table) {
+  const auto* api = static_cast<const tnt_comm_api_v1*>(table);
+  if (api == nullptr) return 1;
+  if (api->version != TNT_COMM_C_API_VERSION) return 2;
+  const tnt_comm_api_v1* expected = nullptr;
+  if (g_api.compare_exchange_strong(expected, api, std::memory_order_acq_rel)) return 0;
+  return expected == api ? 0 : 3;
+}
+
+// The ABI version this library was compiled for, for error messages.
+extern "C" __attribute__((visibility("default"))) int tnt_ops_api_version(void) {
+  return TNT_COMM_C_API_VERSION;
+}
+
+REGISTER_OP("TntAllreduceStart")
+    .Input("input: T")
+    .Output("output: T")
+    .Output("handle: int64")
+    .Attr("T: {half, bfloat16, float, double, int32, int64, uint8}")
+    .Attr("reduction: {'sum', 'prod', 'min', 'max', 'avg'} = 'sum'")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      c->set_output(1, c->Scalar());
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Starts an allreduce of `input` over every rank of the tnt_comm world and returns at once.
+`output` holds the result only after TntAllreduceWait on `handle` completes. Stateful, so the starts of
+a tf.function run in program order, the same order on every rank.
+)doc");
+
+REGISTER_OP("TntAllreduceWait")
+    .Input("handle: int64")
+    .Input("result: T")
+    .Input("input: T")
+    .Output("output: T")
+    .Attr("T: {half, bfloat16, float, double, int32, int64, uint8}")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->input(1));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Completes when the allreduce started as `handle` does and forwards `result` (the start's output).
+`input` is the start's input, taken so that it stays alive until then.
+)doc");
+
+REGISTER_KERNEL_BUILDER(Name("TntAllreduceStart").Device(tensorflow::DEVICE_CPU), AllreduceStartOp);
+REGISTER_KERNEL_BUILDER(Name("TntAllreduceWait").Device(tensorflow::DEVICE_CPU), AllreduceWaitOp);

@@ -1,0 +1,150 @@
+"""Sums gradients across ranks inside the training step, and broadcasts variables from rank 0.
+
+The model's optimizer gets its ``apply`` replaced on the instance: every gradient is scaled by this
+rank's share of the global batch, ``b_r / B``, summed across ranks, and handed to the original
+``apply``. Clipping, loss scaling, weight decay and schedules therefore see the gradient of the global
+batch, exactly as in serial training (a plain 1/N average is wrong for uneven or partial batches).
+Buckets of gradients start last layers first, each as soon as its gradients exist, so communication
+overlaps the rest of backprop.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+import tnt_comm
+
+from . import ops
+from .runtime import fusion_threshold_bytes
+
+
+class StepState(threading.local):
+    """This rank's fraction of the current global batch, set while a train step is traced or run."""
+
+    fraction: tf.Tensor | None = None
+
+
+def plan_buckets(grads: Sequence[Any], threshold: int) -> list[list[int]]:
+    """Groups gradient indices into buckets, last gradients first, each of one dtype and at least
+    ``threshold`` bytes (the last one may be smaller); 0 puts every gradient alone."""
+    buckets: list[list[int]] = []
+    current: list[int] = []
+    size = 0
+    for index in reversed(range(len(grads))):
+        g = grads[index]
+        if g is None:
+            continue
+        if current and grads[current[0]].dtype != g.dtype:
+            buckets.append(current)
+            current, size = [], 0
+        current.append(index)
+        size += int(np.prod(g.shape.as_list() or [1])) * g.dtype.size if g.shape.is_fully_defined() else threshold
+        if size >= threshold:
+            buckets.append(current)
+            current, size = [], 0
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def sum_gradients(grads: Sequence[Any], fraction: Any, threshold: int) -> list[Any]:
+    """``sum over ranks of fraction * grad`` for every gradient, in fused buckets."""
+    dense = [None if g is None else tf.convert_to_tensor(g) for g in grads]
+    pending = []
+    for bucket in plan_buckets(dense, threshold):
+        dtype = dense[bucket[0]].dtype
+        scale = tf.cast(fraction, dtype)
+        flat = tf.concat([tf.reshape(dense[i] * scale, [-1]) for i in bucket], axis=0)
+        pending.append((bucket, ops.start_allreduce(flat)))
+    out: list[Any] = list(dense)
+    for bucket, started in pending:
+        summed = ops.finish(started)
+        sizes = [tf.size(dense[i]) for i in bucket]
+        for i, part in zip(bucket, tf.split(summed, sizes), strict=True):
+            out[i] = tf.reshape(part, tf.shape(dense[i]))
+    return out
+
+
+def check_optimizer(optimizer: Any) -> None:
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    if isinstance(inner, keras.optimizers.Ftrl):
+        raise ValueError(
+            "tnt: the Ftrl optimizer is not supported: its per-coordinate state is not a function of the "
+            "summed gradient, so data-parallel training would differ from serial training. Use another "
+            "optimizer (Adam, AdamW, SGD, RMSprop, Adagrad, ...)."
+        )
+
+
+def install_gradient_sum(model: keras.Model, size: int) -> None:
+    """Wraps ``model.train_step`` and ``model.optimizer.apply`` to sum gradients over ranks.
+
+    Idempotent; a recompiled model's new optimizer gets wrapped too. One rank needs neither.
+    """
+    if size == 1:
+        return
+    state = model.__dict__.get("_tnt_step_state")
+    if state is None:
+        state = StepState()
+        original_train_step = model.train_step
+
+        def train_step(data: Any) -> Any:
+            # The global batch size of this step, for the b_r / B scaling (last batches may be partial).
+            leaves = [t for t in tf.nest.flatten(data) if t is not None]
+            local = tf.cast(tf.reshape(tf.shape(leaves[0])[0], [1]), tf.float32)
+            total = ops.allreduce(local)
+            state.fraction = tf.reshape(local / total, [])
+            try:
+                return original_train_step(data)
+            finally:
+                state.fraction = None
+
+        model.train_step = train_step
+        model._tnt_step_state = state
+
+    optimizer = model.optimizer
+    check_optimizer(optimizer)
+    if getattr(optimizer, "_tnt_reduced", False):
+        return
+    threshold = fusion_threshold_bytes()
+    original_apply = optimizer.apply
+
+    def apply(grads: Sequence[Any], trainable_variables: Any = None) -> Any:
+        fraction = state.fraction if state.fraction is not None else tf.constant(1.0 / size)
+        return original_apply(sum_gradients(list(grads), fraction, threshold), trainable_variables)
+
+    optimizer.apply = apply
+    optimizer._tnt_reduced = True
+
+
+def broadcast_variables(variables: Sequence[Any], root: int = 0) -> None:
+    """Overwrites ``variables`` on every rank with the root's values, in one fused broadcast."""
+    if tnt_comm.size() == 1 or not variables:
+        return
+    values = [np.array(v.numpy(), order="C") for v in variables]  # keeps 0-d shapes
+    payload = np.concatenate([a.reshape(-1).view(np.uint8) for a in values]) if values else np.empty(0, np.uint8)
+    tnt_comm.broadcast(payload, root=root)
+    offset = 0
+    for variable, value in zip(variables, values, strict=True):
+        nbytes = value.nbytes
+        restored = payload[offset : offset + nbytes].view(value.dtype).reshape(value.shape)
+        variable.assign(restored)
+        offset += nbytes
+
+
+def model_and_optimizer_variables(model: keras.Model) -> list[Any]:
+    variables = list(model.variables)
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and getattr(optimizer, "built", False):
+        variables += list(optimizer.variables)
+    seen: set[int] = set()
+    unique = []
+    for v in variables:
+        if id(v) not in seen:
+            seen.add(id(v))
+            unique.append(v)
+    return unique

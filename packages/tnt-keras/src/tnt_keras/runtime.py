@@ -1,0 +1,94 @@
+"""The rank API, the output policy and the ``tnt_keras`` logger.
+
+Ranks come from the tnt_comm runtime, which reads the environment contract that ``tnt-launch`` sets.
+Without it a process is a single rank, so ``python train.py`` keeps working.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import tnt_comm
+
+MASTER_RANK = 0
+
+logger = logging.getLogger("tnt_keras")
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def get_rank() -> int:
+    """This process's rank, 0 to ``get_size() - 1``."""
+    return tnt_comm.rank()
+
+
+def get_size() -> int:
+    """The number of ranks in the job."""
+    return tnt_comm.size()
+
+
+def get_local_rank() -> int:
+    """This process's index among the ranks on its host."""
+    return tnt_comm.local_rank()
+
+
+def get_master_rank() -> int:
+    """The rank that prints and writes files by default: always 0."""
+    return MASTER_RANK
+
+
+def is_master_rank() -> bool:
+    return get_rank() == MASTER_RANK
+
+
+def output_on_all_devices() -> bool:
+    """Whether every rank prints progress bars and callback messages (``--output-on-all-devices``)."""
+    return _env_flag("TNT_OUTPUT_ON_ALL_DEVICES")
+
+
+def tensorboard_on_all_devices() -> bool:
+    """Whether every rank writes TensorBoard logs (``TNT_TENSORBOARD_ON_ALL_DEVICES``)."""
+    return _env_flag("TNT_TENSORBOARD_ON_ALL_DEVICES")
+
+
+def prints_here() -> bool:
+    """Whether this rank shows output: the master rank, or all ranks when asked for."""
+    return is_master_rank() or output_on_all_devices()
+
+
+def fusion_threshold_bytes() -> int:
+    """Smallest gradient bucket (``--fusion-threshold``/``TNT_FUSION_THRESHOLD_KB``, default 32 KiB)."""
+    raw = os.environ.get("TNT_FUSION_THRESHOLD_KB", "32")
+    try:
+        kib = int(raw)
+    except ValueError:
+        raise ValueError(f"TNT_FUSION_THRESHOLD_KB must be a whole number of KiB, got {raw!r}") from None
+    if kib < 0:
+        raise ValueError(f"TNT_FUSION_THRESHOLD_KB must be >= 0, got {kib}")
+    return kib * 1024
+
+
+class _RankFilter(logging.Filter):
+    """Prefixes records with the rank; drops them off the master rank unless all ranks log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        rank = get_rank()
+        record.tnt_rank = rank
+        return rank == MASTER_RANK or _env_flag("TNT_LOG_ON_ALL_DEVICES")
+
+
+def setup_logging() -> None:
+    """Configures the ``tnt_keras`` logger once, from ``TNT_LOG_LEVEL`` (default WARNING)."""
+    if getattr(logger, "_tnt_configured", False):
+        return
+    level = os.environ.get("TNT_LOG_LEVEL", "WARNING").upper()
+    logger.setLevel(level if level in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL") else "WARNING")
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("[tnt %(levelname)s rank %(tnt_rank)s] %(message)s"))
+    handler.addFilter(_RankFilter())
+    logger.addHandler(handler)
+    logger.propagate = False
+    logger._tnt_configured = True  # type: ignore[attr-defined]

@@ -1,0 +1,119 @@
+"""Shared pieces of the job scripts: reporting, data and the four kinds of model under test."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+FEATURES, CLASSES = 6, 3
+
+
+def report(data: dict[str, Any]) -> None:
+    """Writes this rank's results for the test to read."""
+    rank = int(os.environ.get("TNT_RANK", "0"))
+    Path(os.environ["TNT_TEST_OUT"], f"rank{rank}.json").write_text(json.dumps(data))
+
+
+def arrays(rows: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, FEATURES)).astype("float32")
+    y = (np.argmax(x[:, :CLASSES] + 0.3 * rng.normal(size=(rows, CLASSES)), axis=1)).astype("int32")
+    return x, y
+
+
+def dataset(rows: int, batch: int, seed: int = 0, shuffle: bool = True) -> tf.data.Dataset:
+    x, y = arrays(rows, seed)
+    ds = tf.data.Dataset.from_tensor_slices((x, y))
+    if shuffle:
+        ds = ds.shuffle(rows, seed=seed + 1)
+    return ds.batch(batch)
+
+
+class Subclassed(keras.Model):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.hidden = keras.layers.Dense(8, activation="tanh")
+        self.out = keras.layers.Dense(CLASSES)
+
+    def call(self, x: Any) -> Any:
+        return self.out(self.hidden(x))
+
+
+class CustomStep(keras.Model):
+    """Overrides train_step the way the Keras guide shows."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.hidden = keras.layers.Dense(8, activation="relu")
+        self.out = keras.layers.Dense(CLASSES)
+
+    def call(self, x: Any) -> Any:
+        return self.out(self.hidden(x))
+
+    def train_step(self, data: Any) -> Any:
+        x, y = data
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = self.compute_loss(y=y, y_pred=y_pred)
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply(grads, self.trainable_variables)
+        for metric in self.metrics:
+            if metric.name == "loss":
+                metric.update_state(loss, sample_weight=tf.shape(x)[0])
+            else:
+                metric.update_state(y, y_pred)
+        return {m.name: m.result() for m in self.metrics}
+
+
+def build(kind: str, seed: int = 7) -> keras.Model:
+    keras.utils.set_random_seed(seed)
+    if kind == "functional":
+        inputs = keras.Input((FEATURES,))
+        h = keras.layers.Dense(8, activation="relu")(inputs)
+        return keras.Model(inputs, keras.layers.Dense(CLASSES)(h))
+    if kind == "sequential":
+        return keras.Sequential(
+            [keras.Input((FEATURES,)), keras.layers.Dense(8, activation="sigmoid"), keras.layers.Dense(CLASSES)]
+        )
+    if kind == "subclassed":
+        return Subclassed()
+    if kind == "custom_step":
+        return CustomStep()
+    raise ValueError(kind)
+
+
+def optimizer(name: str) -> keras.optimizers.Optimizer:
+    return {
+        "sgd": lambda: keras.optimizers.SGD(0.1, momentum=0.9),
+        "adam": lambda: keras.optimizers.Adam(0.01),
+        "rmsprop": lambda: keras.optimizers.RMSprop(0.01),
+        "adagrad": lambda: keras.optimizers.Adagrad(0.1),
+        "adamw": lambda: keras.optimizers.AdamW(0.01, weight_decay=0.01),
+    }[name]()
+
+
+def compile_args(opt: str) -> dict[str, Any]:
+    return {
+        "optimizer": optimizer(opt),
+        "loss": keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        "metrics": [keras.metrics.SparseCategoricalAccuracy(name="acc")],
+    }
+
+
+def max_diff(a: list[np.ndarray], b: list[np.ndarray]) -> float:
+    return max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64)))) for x, y in zip(a, b))
+
+
+def history_diff(a: dict[str, list[float]], b: dict[str, list[float]]) -> float:
+    assert set(a) == set(b), (sorted(a), sorted(b))
+    return max(abs(x - y) for k in a for x, y in zip(a[k], b[k], strict=True))
+
+
+def flat(weights: list[np.ndarray]) -> list[float]:
+    return [float(v) for w in weights for v in np.ravel(w)]

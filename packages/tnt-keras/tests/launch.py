@@ -1,0 +1,59 @@
+"""Runs a job script under tnt-launch with real ranks and collects what each rank reported."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+JOBS = Path(__file__).parent / "jobs"
+SRC = Path(__file__).parents[1] / "src"
+
+
+@dataclass
+class Result:
+    returncode: int
+    output: str
+    ranks: list[dict[str, Any]]
+    out_dir: Path
+
+
+def tnt_launch() -> list[str]:
+    beside = Path(sys.executable).parent / "tnt-launch"
+    found = str(beside) if beside.exists() else shutil.which("tnt-launch")
+    if found is None:
+        raise RuntimeError("tnt-launch is not installed: pip install ./packages/tnt-launch")
+    return [found]
+
+
+def run(
+    job: str, ranks: int, *args: str, timeout: float = 300, env: dict[str, str] | None = None, check: bool = True
+) -> Result:
+    """Starts ``jobs/<job>.py`` on ``ranks`` ranks; every rank writes ``rank<r>.json`` to TNT_TEST_OUT."""
+    out_dir = Path(tempfile.mkdtemp(prefix=f"tnt-keras-{job}-"))
+    full_env = dict(os.environ)
+    full_env.update(
+        {
+            "TNT_TEST_OUT": str(out_dir),
+            "TF_CPP_MIN_LOG_LEVEL": "2",
+            "PYTHONPATH": os.pathsep.join([str(JOBS), str(SRC), full_env.get("PYTHONPATH", "")]),
+            "TNT_TIMEOUT_S": "60",
+        }
+    )
+    full_env.update(env or {})
+    cmd = [*tnt_launch(), "-n", str(ranks), "--no-gpu", "--output-on-all-devices", "--", str(JOBS / f"{job}.py"), *args]
+    proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout, check=False)
+    output = proc.stdout + proc.stderr
+    results = []
+    for r in range(ranks):
+        path = out_dir / f"rank{r}.json"
+        results.append(json.loads(path.read_text()) if path.exists() else {})
+    if check and proc.returncode != 0:
+        raise AssertionError(f"job {job} on {ranks} ranks failed with code {proc.returncode}:\n{output[-6000:]}")
+    return Result(proc.returncode, output, results, out_dir)
