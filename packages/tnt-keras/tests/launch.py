@@ -47,7 +47,7 @@ def run(
         }
     )
     full_env.update(env or {})
-    cmd = [*tnt_launch(), "-n", str(ranks), "--no-gpu", "--output-on-all-devices", "--", str(JOBS / f"{job}.py"), *args]
+    cmd = [*tnt_launch(), "-n", str(ranks), "--no-gpu", "--", str(JOBS / f"{job}.py"), *args]
     proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout, check=False)
     output = proc.stdout + proc.stderr
     results = []

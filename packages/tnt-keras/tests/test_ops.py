@@ -33,6 +33,13 @@ class Keep(logging.Handler):
 logging.getLogger("tnt_keras").addHandler(Keep())
 logging.getLogger("tnt_keras").setLevel(logging.INFO)
 t_import = time.time()
+# tnt_keras.ops without the package's __init__ (Keras, the runtime, logging setup): faster, and the
+# op is tested on its own terms.
+import types
+
+package = types.ModuleType("tnt_keras")
+package.__path__ = [os.path.join(os.environ["TNT_KERAS_SRC"], "tnt_keras")]
+sys.modules["tnt_keras"] = package
 import numpy as np
 import tensorflow as tf
 import tnt_comm
@@ -81,6 +88,7 @@ COMBOS = [(dt, op) for dt in DTYPES for op in OPS]
 
 def suite():
     tag = o.backend()
+    t0 = time.monotonic()
     for dt, op in COMBOS:
         check(o.allreduce(tensor(dt), op), op, dt, f"{tag} eager")
 
@@ -144,6 +152,7 @@ def suite():
     expect(RuntimeError, lambda: o.finish(p), "already finished")
     expect(TypeError, lambda: o.finish(tf.ones(3)), "Pending")
     out["suites"].append(tag)
+    out[tag + "_s"] = round(time.monotonic() - t0, 2)
 
 
 def compile_count():
@@ -213,14 +222,19 @@ if os.environ.get("DEAD_PEER") == "1":  # the last rank dies; the others get err
             fn()
             dead[what] = "no error"
         except tf.errors.OpError as e:
-            dead[what] = [type(e).__name__, round(time.monotonic() - t, 2), e.message[:400]]
+            dead[what] = [type(e).__name__, round(time.monotonic() - t, 2), e.message[-800:]]
     o._select("numpy")
     try:
         o.allreduce(x)
         dead["numpy"] = "no error"
     except Exception as e:
-        dead["numpy"] = [type(e).__name__, 0, str(e)[:400]]
+        dead["numpy"] = [type(e).__name__, 0, str(e)[-800:]]
     out["dead"] = dead
+    print("RESULT " + json.dumps(out), flush=True)
+    # tnt_comm 0.1.0 bug: once a peer has failed, an asynchronous operation leaves its progress thread
+    # spinning in Engine::drive (fail_all(); continue; never returns without a target), so the
+    # atexit finalize() hangs. Skip it until that is fixed.
+    os._exit(0)
 
 print("RESULT " + json.dumps(out), flush=True)
 """
@@ -242,6 +256,7 @@ def env(cache: Path, **extra: str) -> dict[str, str]:
         "TNT_KERAS_CACHE_DIR": str(cache),
         "TNT_TIMEOUT_S": str(TIMEOUT_S),
         "TF_CPP_MIN_LOG_LEVEL": "2",
+        "TNT_KERAS_SRC": str(SRC),
         "TNT_KERAS_OPS": "",
         "TNT_LOG_LEVEL": "INFO",
         "TNT_LOG_ON_ALL_DEVICES": "1",

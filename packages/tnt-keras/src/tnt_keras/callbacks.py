@@ -38,10 +38,14 @@ _HOOKS = (
 )
 
 
+# Keras' default train-batch hooks call the older batch hooks.
+_DELEGATES = {"on_train_batch_begin": "on_batch_begin", "on_train_batch_end": "on_batch_end"}
+
+
 def _overrides(callback: keras.callbacks.Callback, hook: str) -> bool:
-    if hook in vars(callback):
+    if hook in vars(callback) or getattr(type(callback), hook, None) is not getattr(keras.callbacks.Callback, hook):
         return True
-    return getattr(type(callback), hook, None) is not getattr(keras.callbacks.Callback, hook)
+    return hook in _DELEGATES and _overrides(callback, _DELEGATES[hook])
 
 
 def average_logs(logs: dict[str, Any] | None) -> dict[str, Any] | None:

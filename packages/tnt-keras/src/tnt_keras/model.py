@@ -462,8 +462,12 @@ class Model(keras.Model):
             )
 
     def load_weights(self, filepath: str | os.PathLike[str], *args: Any, **kwargs: Any) -> None:
-        """Loads weights on every rank, then all ranks take rank 0's values."""
+        """Loads weights on every rank, then all ranks take rank 0's values.
+
+        Collective: it first waits for all ranks, so a file rank 0 has just written is complete.
+        """
         path = os.fspath(filepath)
+        reduce.barrier()
         target = self if path.endswith(".keras") else self._model
         keras.Model.load_weights(target, path, *args, **kwargs)
         reduce.broadcast_variables(reduce.model_and_optimizer_variables(self._model))

@@ -31,8 +31,11 @@ def load_model(
 ) -> Model:
     """Loads a ``.keras`` file as a ``tnt.Model``, compiled if it was saved compiled.
 
-    Every rank reads the file; then all take rank 0's weights and optimizer state.
+    Collective: call it on every rank. It first waits for all ranks, so a file that rank 0 has
+    just written (``save``, ``ModelCheckpoint``) is complete before anyone reads it; every rank
+    then reads the file, and all take rank 0's weights and optimizer state.
     """
+    reduce.barrier()
     loaded = keras.saving.load_model(filepath, custom_objects=custom_objects, compile=compile, **kwargs)
     model = _as_tnt(loaded)
     reduce.broadcast_variables(reduce.model_and_optimizer_variables(model.model))

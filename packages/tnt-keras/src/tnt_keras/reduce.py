@@ -136,6 +136,12 @@ def broadcast_variables(variables: Sequence[Any], root: int = 0) -> None:
         offset += nbytes
 
 
+def barrier() -> None:
+    """Waits for every rank (e.g. for rank 0 to finish writing a file the others will read)."""
+    if tnt_comm.size() > 1:
+        tnt_comm.barrier()
+
+
 def model_and_optimizer_variables(model: keras.Model) -> list[Any]:
     variables = list(model.variables)
     optimizer = getattr(model, "optimizer", None)

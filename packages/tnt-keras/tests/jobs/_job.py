@@ -107,7 +107,9 @@ def compile_args(opt: str) -> dict[str, Any]:
 
 
 def max_diff(a: list[np.ndarray], b: list[np.ndarray]) -> float:
-    return max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64)))) for x, y in zip(a, b))
+    return max(
+        float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64)))) for x, y in zip(a, b, strict=True)
+    )
 
 
 def history_diff(a: dict[str, list[float]], b: dict[str, list[float]]) -> float:

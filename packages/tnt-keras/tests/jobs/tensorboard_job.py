@@ -1,0 +1,15 @@
+"""TensorBoard with TNT_TENSORBOARD_ON_ALL_DEVICES: every rank writes under rank_<r>."""
+
+import os
+from pathlib import Path
+
+import keras
+import tnt_keras as tnt
+from _job import build, compile_args, dataset, report
+
+logs = Path(os.environ["TNT_TEST_OUT"], "tb")
+model = tnt.Model(build("functional"))
+model.compile(**compile_args("sgd"))
+model.fit(dataset(24, 12), epochs=1, verbose=0, callbacks=[keras.callbacks.TensorBoard(log_dir=str(logs))])
+tnt.callbacks.average_logs({"x": 1.0})  # a collective: both ranks are done writing after it
+report({"dirs": sorted(str(p.relative_to(logs)) for p in logs.rglob("*") if p.is_dir())})
