@@ -9,6 +9,7 @@ ranks (``metrics.py``), and callbacks that run, print and write per rank policy 
 
 from __future__ import annotations
 
+import copy
 import os
 from typing import Any
 
@@ -158,7 +159,8 @@ class Model(keras.Model):
 
     @classmethod
     def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> Model:
-        inner = keras.saving.deserialize_keras_object(config["model"], custom_objects=custom_objects)
+        # Keras consumes the dict it deserializes; the caller's config stays reusable.
+        inner = keras.saving.deserialize_keras_object(copy.deepcopy(config["model"]), custom_objects=custom_objects)
         return cls(inner, name=config.get("name"))
 
     def compile(self, optimizer: Any = "rmsprop", *args: Any, jit_compile: Any = "auto", **kwargs: Any) -> None:

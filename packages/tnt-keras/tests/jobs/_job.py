@@ -35,6 +35,7 @@ def dataset(rows: int, batch: int, seed: int = 0, shuffle: bool = True) -> tf.da
     return ds.batch(batch)
 
 
+@keras.saving.register_keras_serializable(package="tnt_tests")
 class Subclassed(keras.Model):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -45,6 +46,7 @@ class Subclassed(keras.Model):
         return self.out(self.hidden(x))
 
 
+@keras.saving.register_keras_serializable(package="tnt_tests")
 class CustomStep(keras.Model):
     """Overrides train_step the way the Keras guide shows."""
 

@@ -1,0 +1,86 @@
+"""Save/load round trips continue training exactly like the model that was saved."""
+
+import os
+from pathlib import Path
+
+import keras
+import numpy as np
+import tnt_keras as tnt
+from _job import build, compile_args, dataset, max_diff, report
+
+rank = tnt.get_rank()
+files = Path(os.environ["TNT_TEST_OUT"], "files")
+files.mkdir(exist_ok=True)
+results: dict = {}
+
+
+def continue_training(model: keras.Model) -> list[np.ndarray]:
+    model.fit(dataset(64, 12, seed=5, shuffle=False), epochs=1, verbose=0)
+    return model.get_weights()
+
+
+for kind in ("functional", "sequential", "subclassed", "custom_step"):
+    model = tnt.Model(build(kind))
+    model.compile(**compile_args("adam"))
+    model.fit(dataset(64, 12), epochs=2, verbose=0)
+    model.save(files / f"{kind}.keras")
+    model.save_weights(files / f"{kind}.weights.h5")
+    config, json_config, weights = model.get_config(), model.to_json(), model.get_weights()
+
+    whole = tnt.models.load_model(files / f"{kind}.keras")  # compiled, with the optimizer state
+    from_weights = tnt.Model(build(kind, seed=99))
+    from_weights.compile(**compile_args("adam"))
+    from_weights.fit(dataset(12, 12), epochs=1, verbose=0)  # builds the optimizer, then overwritten
+    from_weights.load_weights(files / f"{kind}.weights.h5")
+    plain = build(kind, seed=98)  # the weights file is the wrapped model's: plain Keras reads it
+    plain.compile(**compile_args("adam"))
+    plain.fit(dataset(12, 12), epochs=1, verbose=0)
+    plain.load_weights(files / f"{kind}.weights.h5")
+
+    architecture = {
+        "config": tnt.models.model_from_config(config),
+        "from_config": tnt.Model.from_config(config),
+        "json": tnt.models.model_from_json(json_config),
+        "clone": tnt.models.clone_model(model),
+    }
+    expected = continue_training(model)
+    r = {
+        "whole_is_tnt": isinstance(whole, tnt.Model),
+        "whole_compiled": bool(whole.compiled),
+        "whole_err": max_diff(continue_training(whole), expected),
+        "weights_err": max_diff(plain.get_weights(), weights),
+    }
+    # load_weights restores the optimizer too (Keras 3 weight files carry it): training continues alike.
+    r["load_weights_err"] = max_diff(continue_training(from_weights), expected)
+    for name, m in architecture.items():
+        assert isinstance(m, tnt.Model), name
+        m.set_weights(weights)
+        m.compile(**compile_args("adam"))
+        # A fresh optimizer: compare with the saved model restarted from the same weights.
+        r[f"{name}_is_tnt"] = True
+        r[f"{name}_err"] = max_diff(m.get_weights(), weights)
+    results[kind] = r
+
+# Rank 0 wrote every file: no temporaries are left beside them.
+results["files"] = sorted(p.name for p in files.iterdir())
+
+# export() writes a SavedModel on the master rank.
+model = tnt.Model(build("functional"))
+model.compile(**compile_args("sgd"))
+model.export(str(files / "exported"))
+tnt.callbacks.average_logs({"sync": 1.0})
+results["exported"] = (files / "exported" / "saved_model.pb").exists()
+
+# A mixed_float16 model trains on every rank alike and close to serial.
+keras.mixed_precision.set_global_policy("mixed_float16")
+serial = build("functional")
+serial.compile(**compile_args("adam"))
+serial.fit(dataset(64, 12), epochs=2, verbose=0)
+mixed = tnt.Model(build("functional"))
+mixed.compile(**compile_args("adam"))
+mixed.fit(dataset(64, 12), epochs=2, verbose=0)
+keras.mixed_precision.set_global_policy("float32")
+results["mixed_err"] = max_diff(serial.get_weights(), mixed.get_weights())
+results["mixed_optimizer"] = type(mixed.optimizer).__name__
+results["mixed_weights"] = [float(v) for w in mixed.get_weights() for v in np.ravel(w)]
+report(results)
