@@ -66,6 +66,12 @@ def static_batch_size(ds: tf.data.Dataset) -> int | None:
     return int(size) if size is not None else None
 
 
+def _unseeded(shuffle: tf.data.Dataset) -> bool:
+    # TF stores (0, 0) when neither an op seed nor a global seed was set: a fresh random order.
+    seeds = [tf.get_static_value(getattr(shuffle, name, None)) for name in ("_seed", "_seed2")]
+    return all(s is None or int(s) == 0 for s in seeds)
+
+
 def check_seeded_shuffles(ds: tf.data.Dataset) -> None:
     """Raises if ``ds`` shuffles without a seed (made before ``import tnt_keras`` patched shuffle)."""
     seen: set[int] = set()
@@ -75,7 +81,7 @@ def check_seeded_shuffles(ds: tf.data.Dataset) -> None:
         if id(d) in seen:
             continue
         seen.add(id(d))
-        if type(d).__name__ == "_ShuffleDataset" and getattr(d, "_seed", 0) is None and getattr(d, "_seed2", 0) is None:
+        if type(d).__name__ == "_ShuffleDataset" and _unseeded(d):
             raise ValueError(
                 "tnt: the dataset is shuffled without a seed, so every rank would draw a different order. "
                 "Pass a seed (ds.shuffle(n, seed=42)) or import tnt_keras before building the dataset: it then "

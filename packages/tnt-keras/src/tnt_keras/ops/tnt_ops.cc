@@ -1,12 +1,12 @@
-// TensorFlow ops that hand a tensor to tnt_comm's engine and let TensorFlow go on while it travels.
+// TensorFlow ops that hand a tensor to tnt_comm's engine and let TensorFlow go on meanwhile.
 //
-// TntAllreduceStart (stateful, synchronous): allocates the output, submits the allreduce through the
-// tnt_comm C ABI and returns a handle. Stateful so that tf.function's automatic control
+// TntAllreduceStart (stateful, synchronous): allocates the output, submits the allreduce through
+// the tnt_comm C ABI and returns a handle. Stateful so that tf.function's automatic control
 // dependencies run every start in program order: that keeps the order of collectives identical on
 // all ranks, and it also keeps TensorFlow from pruning, CSE'ing or constant-folding a start.
 //
-// TntAllreduceWait (not stateful, asynchronous): completes when the collective does. Not stateful so
-// that TensorFlow does not chain the waits, which may then finish in any order while backprop runs.
+// TntAllreduceWait (not stateful, asynchronous): completes when the collective does. Not stateful
+// so that TensorFlow does not chain the waits, which then finish in any order while backprop runs.
 // ComputeAsync only registers TensorFlow's `done`; the engine's completion callback (on tnt_comm's
 // progress thread) forwards the result and calls it. No inter-op thread is ever blocked.
 //
@@ -39,9 +39,9 @@ using tensorflow::shape_inference::InferenceContext;
 
 // The one global of this library: tnt_comm's C ABI table, handed over once from Python
 // (tnt_ops_set_api) right after loading. It must be process-wide because the op kernels are
-// created by TensorFlow, which offers no way to pass them a pointer, and it must be the table of the
-// already imported tnt_comm module so the op uses the same runtime (connections, sequence numbers)
-// as tnt_comm's Python API instead of a second copy of it. Set once, read lock-free afterwards.
+// created by TensorFlow, which offers no way to pass them a pointer, and it must be the table of
+// the already imported tnt_comm module so the op uses the same runtime (connections, sequence
+// numbers) as tnt_comm's Python API instead of a second copy of it. Set once, read lock-free.
 std::atomic<const tnt_comm_api_v1*> g_api{nullptr};
 
 constexpr std::uint64_t kMagic = 0x746e745f70656e64ULL;  // "tnt_pend": catches most misused handles
@@ -137,14 +137,16 @@ class AllreduceStartOp : public OpKernel {
     dtype_ = DTypeCode(t);
     op_ = OpCode(reduction);
     OP_REQUIRES(c, dtype_ >= 0, absl::InvalidArgumentError("TntAllreduceStart: unsupported dtype"));
-    OP_REQUIRES(c, op_ >= 0, absl::InvalidArgumentError(absl::StrCat("TntAllreduceStart: unknown reduction ", reduction)));
+    OP_REQUIRES(c, op_ >= 0,
+                absl::InvalidArgumentError(
+                    absl::StrCat("TntAllreduceStart: unknown reduction ", reduction)));
   }
 
   void Compute(OpKernelContext* ctx) override {
     const tnt_comm_api_v1* api = g_api.load(std::memory_order_acquire);
     OP_REQUIRES(ctx, api != nullptr,
-                absl::FailedPreconditionError("tnt_comm's C API was not handed to the op library; load it "
-                                           "through tnt_keras.ops, not tf.load_op_library"));
+                absl::FailedPreconditionError("tnt_comm's C API was not handed to the op library; "
+                                              "load it through tnt_keras.ops"));
     const Tensor& input = ctx->input(0);
     Tensor* output = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, input.shape(), &output));
@@ -154,14 +156,15 @@ class AllreduceStartOp : public OpKernel {
     auto* p = new Pending;
     p->input = input;
     p->output = *output;
-    handle->scalar<std::int64_t>()() = static_cast<std::int64_t>(reinterpret_cast<std::intptr_t>(p));
-    const int rc = api->allreduce_async(input.data(), output->data(),
-                                        static_cast<std::uint64_t>(input.NumElements()), dtype_, op_,
-                                        &OnDone, p);
+    handle->scalar<std::int64_t>()() = reinterpret_cast<std::intptr_t>(p);
+    const auto count = static_cast<std::uint64_t>(input.NumElements());
+    const int rc =
+        api->allreduce_async(input.data(), output->data(), count, dtype_, op_, &OnDone, p);
     if (rc != 0) {  // not started: the callback will not run, nobody else knows p
       const std::string message = api->last_error();
       delete p;
-      ctx->CtxFailure(absl::InternalError(absl::StrCat("tnt_comm allreduce could not start: ", message)));
+      ctx->CtxFailure(
+          absl::InternalError(absl::StrCat("tnt_comm allreduce could not start: ", message)));
     }
   }
 
@@ -177,24 +180,27 @@ class AllreduceWaitOp : public AsyncOpKernel {
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     const Tensor& h = ctx->input(0);
     OP_REQUIRES_ASYNC(ctx, TensorShapeUtils::IsScalar(h.shape()),
-                      absl::InvalidArgumentError("TntAllreduceWait: the handle must be a scalar"), done);
+                      absl::InvalidArgumentError("TntAllreduceWait: the handle must be a scalar"),
+                      done);
     auto* p = reinterpret_cast<Pending*>(static_cast<std::intptr_t>(h.scalar<std::int64_t>()()));
     OP_REQUIRES_ASYNC(ctx, p != nullptr && p->magic == kMagic,
-                      absl::InvalidArgumentError("TntAllreduceWait: not a live handle of TntAllreduceStart "
-                                              "(each handle may be waited for once)"),
+                      absl::InvalidArgumentError("TntAllreduceWait: not a live handle of "
+                                                 "TntAllreduceStart (wait for each handle once)"),
                       done);
+    bool twice = false;
     {
       std::lock_guard<std::mutex> lock(p->mu);
-      OP_REQUIRES_ASYNC(ctx, p->waiter == nullptr,
-                        absl::InvalidArgumentError("TntAllreduceWait: the handle is already being waited for"),
-                        done);
-      if (!p->completed) {
+      twice = p->waiter != nullptr;
+      if (!twice && !p->completed) {
         // The callback completes us; from here on neither ctx nor p may be touched.
         p->waiter = ctx;
         p->waiter_done = std::move(done);
         return;
       }
     }
+    OP_REQUIRES_ASYNC(ctx, !twice,
+                      absl::InvalidArgumentError("TntAllreduceWait: a handle waited for twice"),
+                      done);
     Complete(ctx, *p);
     p->Unref();
     done();
@@ -234,8 +240,8 @@ REGISTER_OP("TntAllreduceStart")
     })
     .Doc(R"doc(
 Starts an allreduce of `input` over every rank of the tnt_comm world and returns at once.
-`output` holds the result only after TntAllreduceWait on `handle` completes. Stateful, so the starts of
-a tf.function run in program order, the same order on every rank.
+`output` holds the result only after TntAllreduceWait on `handle` completes. Stateful, so the
+starts of a tf.function run in program order, the same order on every rank.
 )doc");
 
 REGISTER_OP("TntAllreduceWait")

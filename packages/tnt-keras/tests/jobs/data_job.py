@@ -1,0 +1,114 @@
+"""Dataset options and every clear error, on real ranks."""
+
+import io
+import logging
+import os
+
+import tensorflow as tf
+
+# Shuffled without a seed BEFORE tnt_keras patched shuffle: fit must refuse it on several ranks.
+early = tf.data.Dataset.range(8).map(lambda i: (tf.fill([6], tf.cast(i, tf.float32)), i % 3)).shuffle(8).batch(4)
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tnt_keras as tnt  # noqa: E402
+from _job import arrays, build, compile_args, dataset, flat, max_diff, report  # noqa: E402
+
+rank, size = tnt.get_rank(), tnt.get_size()
+results: dict = {"rank": rank, "size": size, "local_rank": tnt.get_local_rank(), "master": tnt.get_master_rank()}
+results["is_master"] = tnt.is_master_rank()
+log = io.StringIO()
+logging.getLogger("tnt_keras").addHandler(logging.StreamHandler(log))
+logging.getLogger("tnt_keras").setLevel(logging.INFO)
+
+
+def error_of(fn) -> str:
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"
+    return ""
+
+
+def fresh(kind: str = "functional", opt: str = "sgd") -> tnt.Model:
+    model = tnt.Model(build(kind))
+    model.compile(**compile_args(opt))
+    return model
+
+
+x, y = arrays(70)
+# numpy inputs with batch_size, unshuffled: equal to serial Keras on the same arrays.
+serial = build("functional")
+serial.compile(**compile_args("adam"))
+serial.fit(x, y, batch_size=7, epochs=2, shuffle=False, verbose=0)
+model = fresh("functional", "adam")
+model.fit(x, y, batch_size=7, epochs=2, shuffle=False, verbose=0)
+results["numpy_err"] = max_diff(serial.get_weights(), model.get_weights())
+results["numpy_eval_err"] = abs(
+    serial.evaluate(x, y, batch_size=7, verbose=0)[0] - model.evaluate(x, y, batch_size=7, verbose=0)[0]
+)
+results["numpy_predict_err"] = float(
+    np.max(np.abs(serial.predict(x, batch_size=7, verbose=0) - model.predict(x, batch_size=7, verbose=0)))
+)
+# Shuffled numpy inputs and validation_split: every rank agrees.
+model = fresh()
+history = model.fit(x, y, batch_size=7, epochs=2, validation_split=0.2, verbose=0).history
+results["shuffled_numpy_weights"] = flat(model.get_weights())
+results["validation_keys"] = sorted(history)
+
+# tnt_micro_batch_size on an unbatched dataset: equal to serial with global batch micro * size.
+serial = build("functional")
+serial.compile(**compile_args("adam"))
+serial.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(4 * size), epochs=2, verbose=0)
+model = fresh("functional", "adam")
+model.fit(tf.data.Dataset.from_tensor_slices((x, y)), tnt_micro_batch_size=4, epochs=2, verbose=0)
+results["micro_err"] = max_diff(serial.get_weights(), model.get_weights())
+
+# Validation data, distributed and not: the same global val_loss as serial.
+serial = build("functional")
+serial.compile(**compile_args("adam"))
+sh = serial.fit(dataset(60, 12, shuffle=False), validation_data=dataset(33, 11, seed=4, shuffle=False), verbose=0)
+model = fresh("functional", "adam")
+th = model.fit(dataset(60, 12, shuffle=False), validation_data=dataset(33, 11, seed=4, shuffle=False), verbose=0)
+results["val_err"] = abs(sh.history["val_loss"][0] - th.history["val_loss"][0])
+model = fresh("functional", "adam")
+th = model.fit(
+    dataset(60, 12, shuffle=False),
+    validation_data=dataset(33, 11, seed=4, shuffle=False),
+    tnt_distribute_validation_dataset=False,
+    verbose=0,
+)
+results["val_undistributed_err"] = abs(sh.history["val_loss"][0] - th.history["val_loss"][0])
+
+# tnt_distribute_dataset=False: each rank reads its own shard as local batches; ranks stay identical.
+model = fresh()
+shard = tf.data.Dataset.from_tensor_slices((x, y)).shard(size, rank).batch(5)
+model.fit(shard, tnt_distribute_dataset=False, epochs=1, verbose=0)
+results["undistributed_weights"] = flat(model.get_weights())
+
+# An unseeded shuffle made after the import gets the default seed: ranks agree, INFO says so.
+model = fresh()
+model.fit(tf.data.Dataset.from_tensor_slices((x, y)).shuffle(70).batch(10), epochs=1, verbose=0)
+results["unseeded_weights"] = flat(model.get_weights())
+results["seed_info"] = "without a seed" in log.getvalue()
+
+# Errors that name the problem and the fix.
+results["errors"] = {
+    "early_shuffle": error_of(lambda: fresh().fit(early, verbose=0)) if size > 1 else "",
+    "batch_size_with_dataset": error_of(lambda: fresh().fit(dataset(20, 10), batch_size=10, verbose=0)),
+    "ftrl": error_of(lambda: tnt.Model(build("functional")).compile(optimizer=keras.optimizers.Ftrl(), loss="mse")),
+    "jit": error_of(lambda: tnt.Model(build("functional")).compile(optimizer="sgd", loss="mse", jit_compile=True)),
+    "h5": error_of(lambda: fresh().save(os.path.join(os.environ["TNT_TEST_OUT"], "m.h5"))),
+    "static_small_batch": error_of(
+        lambda: fresh().fit(dataset(20, 1).unbatch().batch(1, drop_remainder=True), verbose=0)
+    ),
+    "dynamic_small_batch": error_of(lambda: fresh().fit(dataset(21, 10), epochs=1, verbose=0)),
+    "generator": error_of(lambda: fresh().fit(iter([1, 2]), verbose=0)),
+}
+
+# BatchNormalization on micro-batches under 16 samples warns once.
+bn = tnt.Model(keras.Sequential([keras.Input((6,)), keras.layers.BatchNormalization(), keras.layers.Dense(3)]))
+bn.compile(**compile_args("sgd"))
+bn.fit(dataset(24, 12, shuffle=False).unbatch().batch(12, drop_remainder=True), verbose=0)
+results["bn_warning"] = "BatchNormalization" in log.getvalue()
+report(results)
