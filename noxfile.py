@@ -84,15 +84,15 @@ def keras(session: nox.Session) -> None:
 
 @nox.session
 def integration(session: nox.Session) -> None:
-    """Tests across packages: collectives in jobs started by tnt-launch."""
+    """Tests across packages: collectives and the Keras example in jobs started by tnt-launch."""
     install_comm(session)
-    session.install(str(LAUNCH), str(KERAS), *TEST_DEPS)
+    session.install(str(LAUNCH), f"{KERAS}[cpu]", "scikit-learn", *TEST_DEPS)
     session.run("pytest", str(ROOT / "integration"), "-q", "-rs", *session.posargs)
 
 
 @nox.session(default=False)
 def bench(session: nox.Session) -> None:
-    """Allreduce benchmark against Open MPI and Gloo; writes docs/allreduce.png."""
+    """Allreduce benchmark against Open MPI and Gloo; writes docs/allreduce.png. Posargs go to it."""
     install_comm(session)
     session.install("-r", str(ROOT / "benchmarks" / "requirements.txt"))
     session.run(

@@ -47,3 +47,13 @@ def test_crashed_rank_brings_job_down(tmp_path: Path) -> None:
     # Segments of tnt-comm are named tnt-<job id>-<rank>.
     leftovers = [f for f in set(os.listdir("/dev/shm")) - before if re.fullmatch(r"tnt-\w+-\d+", f)]
     assert not leftovers, leftovers
+
+
+@pytest.mark.timeout(240)
+def test_keras_example_under_launch() -> None:
+    """The README's main command: the digits example trains on two ranks and reaches its accuracy."""
+    out = launch(["-n", "2", "--", "examples/keras_digits.py"], timeout=230)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    match = re.search(r"test accuracy (\d\.\d+)", out.stdout)
+    assert match, out.stdout[-2000:]
+    assert float(match.group(1)) > 0.9
