@@ -57,3 +57,23 @@ def test_keras_example_under_launch() -> None:
     match = re.search(r"test accuracy (\d\.\d+)", out.stdout)
     assert match, out.stdout[-2000:]
     assert float(match.group(1)) > 0.9
+
+
+@pytest.mark.timeout(60)
+def test_process_exits_after_peer_failure(tmp_path: Path) -> None:
+    """After a PeerFailure the survivor still exits normally (the progress thread must not spin on)."""
+    script = tmp_path / "survivor.py"
+    script.write_text(
+        "import os, numpy as np, tnt_comm as tc\n"
+        "x = np.ones(10, np.float32)\n"
+        "tc.allreduce(x)\n"
+        "if tc.rank() == 1:\n"
+        "    os._exit(0)\n"
+        "try:\n"
+        "    tc.iallreduce(x).wait()\n"
+        "except tc.PeerFailure:\n"
+        "    print('survivor saw PeerFailure')\n"
+    )
+    out = launch(["-n", "2", "--", str(script)], timeout=50)
+    assert "survivor saw PeerFailure" in out.stdout, out.stdout + out.stderr
+    assert out.returncode == 0, out.stderr

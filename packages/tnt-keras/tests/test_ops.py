@@ -16,11 +16,10 @@ import pytest
 from _ranks import Result, run
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-COMPILED = "compiled the TensorFlow op"
 TIMEOUT_S = 20  # TNT_TIMEOUT_S of the jobs: a failing check ends its job in seconds, not minutes
 
 RANK_CODE = r"""
-import contextlib, io, json, logging, os, sys, tempfile, time
+import contextlib, io, json, logging, os, sys, tempfile, time, types
 
 records = []
 
@@ -35,8 +34,6 @@ logging.getLogger("tnt_keras").setLevel(logging.INFO)
 t_import = time.time()
 # tnt_keras.ops without the package's __init__ (Keras, the runtime, logging setup): faster, and the
 # op is tested on its own terms.
-import types
-
 package = types.ModuleType("tnt_keras")
 package.__path__ = [os.path.join(os.environ["TNT_KERAS_SRC"], "tnt_keras")]
 sys.modules["tnt_keras"] = package
@@ -280,9 +277,13 @@ def job3(cache: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[list[di
 
 @pytest.fixture(scope="session")
 def job2(job3: Any, cache: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    """2 ranks that reuse the cache, starting on the fallback that TNT_KERAS_OPS=numpy forces."""
+    """2 ranks that reuse the cache, starting on the fallback that TNT_KERAS_OPS=numpy forces.
+
+    One inter-op thread: finishing in reverse order must still not deadlock.
+    """
     before = {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
-    results = run(2, RANK_CODE, tmp_path_factory.mktemp("job2"), env(cache, TNT_KERAS_OPS="numpy", FIRST="numpy"))
+    extra = {"TNT_KERAS_OPS": "numpy", "FIRST": "numpy", "TF_NUM_INTEROP_THREADS": "1"}
+    results = run(2, RANK_CODE, tmp_path_factory.mktemp("job2"), env(cache, **extra))
     assert {p.name: p.stat().st_mtime_ns for p in cache.iterdir()} == before
     return outputs(results)
 

@@ -78,7 +78,8 @@ bool Engine::drive(Operation* target, Deadline deadline) {
     if (target != nullptr && target->completed()) return true;
     absorb_incoming();
     if (fabric_.failed()) {
-      fail_all();
+      fail_all();  // finishes `target` too, if it was active
+      if (target == nullptr) return true;  // nothing left to drain: never spin on a dead fabric
       continue;
     }
     if (target == nullptr && active_.empty()) return true;

@@ -15,17 +15,14 @@ from __future__ import annotations
 
 import tnt_comm
 
-from . import callbacks, models
-from .data import install_shuffle_seed
-from .model import Model
-from .runtime import (
-    get_local_rank,
-    get_master_rank,
-    get_rank,
-    get_size,
-    is_master_rank,
-    setup_logging,
-)
+from .runtime import setup_logging
+
+setup_logging()  # first, so that building the TF op logs in tnt's format and only on the master rank
+
+from . import callbacks, models  # noqa: E402
+from .data import install_shuffle_seed  # noqa: E402
+from .model import Model  # noqa: E402
+from .runtime import get_local_rank, get_master_rank, get_rank, get_size, is_master_rank  # noqa: E402
 
 __all__ = [
     "Model",
@@ -41,5 +38,4 @@ __all__ = [
 __version__ = "0.1.0"
 
 tnt_comm.init()
-setup_logging()
 install_shuffle_seed()

@@ -53,25 +53,19 @@ class Pending:
     Its tensors are not for reading: the result is valid only once ``finish`` returns it.
     """
 
-    __slots__ = ("_handle", "_result", "_input", "_finished")
+    __slots__ = ("_handle", "_result", "_input", "_finished", "shape", "dtype")
 
     def __init__(self, handle: tf.Tensor | None, result: tf.Tensor, source: tf.Tensor) -> None:
-        self._handle = handle  # None: the numpy_function fallback, already complete
-        self._result = result
-        self._input = source
+        self._handle: tf.Tensor | None = handle  # None: the numpy_function fallback, already complete
+        self._result: tf.Tensor | None = result
+        self._input: tf.Tensor | None = source
         self._finished = False
-
-    @property
-    def shape(self) -> tf.TensorShape:
-        return self._result.shape if self._result is not None else tf.TensorShape(None)
-
-    @property
-    def dtype(self) -> tf.DType | None:
-        return self._result.dtype if self._result is not None else None
+        self.shape: tf.TensorShape = source.shape
+        self.dtype: tf.DType = source.dtype
 
     def __repr__(self) -> str:
         state = "finished" if self._finished else "pending"
-        return f"<Pending allreduce {state} shape={self.shape} dtype={getattr(self.dtype, 'name', None)}>"
+        return f"<Pending allreduce {state} shape={self.shape} dtype={self.dtype.name}>"
 
 
 _loaded: ModuleType | None = None  # the op library, once loaded (loading is once per process)
@@ -150,7 +144,11 @@ def start_allreduce(x: tf.Tensor, op: str = "sum") -> Pending:
 
 
 def finish(p: Pending) -> tf.Tensor:
-    """The result of the allreduce `p`: ready when the collective is, without blocking a thread meanwhile."""
+    """The result of the allreduce `p`, ready when the collective completes.
+
+    With the compiled op no thread waits meanwhile, so finishes may come in any order and
+    computation that does not need the result runs on.
+    """
     if not isinstance(p, Pending):
         raise TypeError(f"finish() takes the Pending returned by start_allreduce, not {type(p).__name__}")
     if p._finished:

@@ -8,6 +8,7 @@ wait and then load its result, or reuse its failure instead of failing the same 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import hashlib
@@ -100,7 +101,7 @@ def _compile(cxx: list[str], target: Path) -> None:
             raise BuildError(f"{' '.join(cxx)} failed to run: {e}") from None
         if proc.returncode != 0:
             tail = (proc.stderr or proc.stdout)[-2000:].strip()
-            raise BuildError(f"{' '.join(cxx)} exited with {proc.returncode}:\n{tail}")
+            raise BuildError(f"{' '.join(cxx)} exited with {proc.returncode}" + (f":\n{tail}" if tail else ""))
         os.replace(tmp, target)  # atomic: a reader sees no library or a whole one
         log.info("tnt_keras: compiled the TensorFlow op in %.1f s: %s", time.monotonic() - t0, target)
     finally:
@@ -131,10 +132,13 @@ def build() -> Path:
         # Reuse a failure that another process met while we waited; an older one is retried.
         if failed.exists() and failed.stat().st_mtime >= asked - 1.0:
             raise BuildError(failed.read_text())
+        for stale in target.parent.glob(target.stem + ".*.tmp"):  # left by a compile that was killed
+            stale.unlink(missing_ok=True)
         try:
             _compile(cxx, target)
         except BuildError as e:
-            failed.write_text(str(e))
+            with contextlib.suppress(OSError):  # only an optimisation for the waiting processes
+                failed.write_text(str(e))
             raise
         failed.unlink(missing_ok=True)
     return target
