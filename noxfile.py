@@ -101,3 +101,11 @@ def bench(session: nox.Session) -> None:
         *session.posargs,
         env={"PYTHONUNBUFFERED": "1", **({"OMP_NUM_THREADS": "1"} if "OMP_NUM_THREADS" not in os.environ else {})},
     )
+
+
+@nox.session(default=False)
+def bench_training(session: nox.Session) -> None:
+    """LeNet-5 samples/s: plain Keras, tnt on 1 and 2 ranks, MultiWorkerMirroredStrategy; docs/training.png."""
+    install_comm(session)
+    session.install(str(LAUNCH), f"{KERAS}[cpu]", "-r", str(ROOT / "benchmarks" / "requirements.txt"))
+    session.run("python", str(ROOT / "benchmarks" / "training.py"), *session.posargs, env={"PYTHONUNBUFFERED": "1"})

@@ -1,0 +1,324 @@
+"""One process of the training benchmark; started by training.py, never by hand.
+
+``python _training_worker.py MODE [--steps M --rounds R --batch B --seed S --samples N]`` trains the
+LeNet-5-like CNN on synthetic MNIST-shaped data for ``1 + R`` epochs of ``M`` steps each, in one
+``fit``: epoch 0 is the warm-up (tracing, first touches of memory, tnt's start-of-fit broadcast) and
+is not reported; epochs 1..R are the timed rounds. MODE is one of
+
+- ``keras``: plain Keras, one process, no tnt and no distribution strategy;
+- ``tnt``: ``tnt_keras.Model`` around the same model; started by ``tnt-launch`` (1 or 2 ranks), or
+  without the launcher's environment as a single rank;
+- ``mwms``: ``tf.distribute.MultiWorkerMirroredStrategy``; the driver sets ``TF_CONFIG``.
+
+Rank 0 (MWMS: worker 0) prints one line ``TRAINING_RESULT {json}`` with its measurements, which the
+driver parses. Every process also writes ``BENCH_DIR/<mode>.r<rank>.json`` (its CPU time, for the
+cores-used column), appends a line to ``BENCH_DIR/<mode>.r<rank>.jsonl`` after every epoch (the
+driver's progress signal for its stall timeout) and its PID to ``BENCH_DIR/<mode>.r<rank>.pid`` (so
+that the driver can kill it even when a launcher in between is gone).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+# The driver looks for this in /proc/PID/cmdline before it kills a PID a worker reported.
+MARKER = "_training_worker.py"
+RESULT_PREFIX = "TRAINING_RESULT "
+
+IMAGE_SHAPE = (28, 28, 1)
+CLASSES = 10
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("mode", choices=["keras", "tnt", "mwms"])
+    parser.add_argument("--steps", type=int, default=100, help="steps per epoch (per round)")
+    parser.add_argument("--rounds", type=int, default=5, help="timed epochs after the warm-up epoch")
+    parser.add_argument("--batch", type=int, default=256, help="global batch size")
+    parser.add_argument("--samples", type=int, default=4096, help="synthetic samples, cached in memory")
+    parser.add_argument("--seed", type=int, default=1234)
+    return parser.parse_args(argv)
+
+
+def configure_threads(tf: object) -> None:
+    """Applies TF_NUM_INTRAOP_THREADS / TF_NUM_INTEROP_THREADS where set (tnt-launch sets the
+    intra-op count, and OMP_NUM_THREADS, to the cores per rank; the driver does the same for the
+    MWMS workers). TensorFlow reads these variables itself; setting them here as well makes the
+    choice explicit and independent of the TF version. Unset, TF's defaults (all cores) apply."""
+    threading = tf.config.threading  # type: ignore[attr-defined]
+    intra = os.environ.get("TF_NUM_INTRAOP_THREADS")
+    inter = os.environ.get("TF_NUM_INTEROP_THREADS")
+    try:
+        if intra:
+            threading.set_intra_op_parallelism_threads(int(intra))
+        if inter:
+            threading.set_inter_op_parallelism_threads(int(inter))
+    except RuntimeError as error:  # the context was initialised already: TF's env reading applies
+        print(f"worker: could not set TF thread counts: {error}", file=sys.stderr)
+
+
+def patch_keras_for_mwms() -> None:
+    """Works around two bugs of Keras 3.15's TensorFlow trainer under MultiWorkerMirroredStrategy
+    (both are in keras/src/backend/tensorflow/trainer.py; gradients are not affected by either):
+
+    1. ``TensorFlowTrainer._maybe_symbolic_build`` takes the first batch from the distributed
+       iterator and calls ``strategy.reduce("MEAN", batch, axis=None)`` on the per-replica *data*
+       to get shapes for building the model, which fails under MWMS with "Attempt to convert a
+       value (PerReplica...". ``build_from_shapes`` below builds the model, loss, metrics and
+       optimizer state from the per-replica shapes before ``fit`` instead, and the per-model patch
+       there makes ``_maybe_symbolic_build`` a no-op.
+    2. ``reduce_per_replica(..., reduction="auto")`` (the per-step logs of ``train_function``) calls
+       ``strategy.reduce("MEAN", v, axis=0)`` for every value under MWMS; the logs are scalar
+       losses and metric results, for which that fails with "Invalid reduction dimension 0". The
+       wrapper below reduces scalars with ``axis=None`` (the cross-replica mean of the scalar)
+       and leaves everything else to the original function. ``_make_function`` looks the function
+       up in the module at trace time, so replacing the module attribute is enough.
+    """
+    import tensorflow as tf
+    from keras import tree
+    from keras.src.backend.tensorflow import trainer as tf_trainer
+
+    original = tf_trainer.reduce_per_replica
+    if getattr(original, "_bench_patched", False):
+        return
+
+    def scalar_rank(value: object) -> int | None:
+        if isinstance(value, tf.distribute.DistributedValues):
+            local = value.values[0]  # type: ignore[attr-defined]
+        else:
+            local = value
+        shape = getattr(local, "shape", None)
+        return None if shape is None else shape.rank
+
+    def reduce_per_replica(values: object, strategy: object, reduction: str) -> object:
+        multi_worker = tf_trainer._collective_all_reduce_multi_worker(strategy)
+        if not (multi_worker and reduction in ("auto", "mean")):
+            return original(values, strategy, reduction)
+
+        def reduce_one(value: object) -> object:
+            if scalar_rank(value) == 0:
+                return strategy.reduce("MEAN", value, axis=None)  # type: ignore[attr-defined]
+            return original(value, strategy, reduction)
+
+        return tree.map_structure(reduce_one, values)
+
+    reduce_per_replica._bench_patched = True  # type: ignore[attr-defined]
+    tf_trainer.reduce_per_replica = reduce_per_replica
+
+
+def build_from_shapes(model: object, per_replica_batch: int) -> None:
+    """Workaround 1 of ``patch_keras_for_mwms``: build from shapes, then skip Keras' own build step."""
+    import keras
+
+    x = keras.KerasTensor((per_replica_batch, *IMAGE_SHAPE), "float32")
+    y = keras.KerasTensor((per_replica_batch,), "int64")
+    model._symbolic_build(data_batch=(x, y))  # type: ignore[attr-defined]
+    model._maybe_symbolic_build = lambda iterator=None, data_batch=None: None  # type: ignore[attr-defined]
+
+
+def lenet(keras: object) -> object:
+    layers = keras.layers  # type: ignore[attr-defined]
+    return keras.Sequential(  # type: ignore[attr-defined]
+        [
+            keras.Input(IMAGE_SHAPE),  # type: ignore[attr-defined]
+            layers.Conv2D(6, 5, padding="same", activation="relu"),
+            layers.AveragePooling2D(2),
+            layers.Conv2D(16, 5, activation="relu"),
+            layers.AveragePooling2D(2),
+            layers.Flatten(),
+            layers.Dense(120, activation="relu"),
+            layers.Dense(84, activation="relu"),
+            layers.Dense(CLASSES, activation="softmax"),
+        ],
+        name="lenet5",
+    )
+
+
+def dataset(tf: object, args: argparse.Namespace, shard_policy: object = None) -> object:
+    """The same synthetic data for every configuration: uniform [0, 1) images and random labels
+    from a fixed seed, batched with the GLOBAL batch size, cached in memory and repeated."""
+    import numpy as np
+
+    rng = np.random.default_rng(args.seed)
+    x = rng.random((args.samples, *IMAGE_SHAPE), dtype=np.float32)
+    y = rng.integers(0, CLASSES, size=args.samples, dtype=np.int64)
+    data = tf.data  # type: ignore[attr-defined]
+    ds = data.Dataset.from_tensor_slices((x, y)).batch(args.batch, drop_remainder=True).cache().repeat()
+    if shard_policy is not None:
+        options = data.Options()
+        options.experimental_distribute.auto_shard_policy = shard_policy
+        ds = ds.with_options(options)
+    return ds.prefetch(data.AUTOTUNE)
+
+
+def machine_busy_seconds() -> float:
+    """CPU time all processes of the machine have used since boot (from /proc/stat; NaN elsewhere), so
+    that the driver can tell how much of a round's CPU went to work other than the benchmark's."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = [int(v) for v in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return math.nan
+    # user nice system idle iowait irq softirq steal (guest time is counted in user already)
+    busy = sum(fields[:8]) - fields[3] - fields[4]
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def make_timer(keras: object, bench_dir: Path | None, tag: str) -> object:
+    class EpochTimer(keras.callbacks.Callback):  # type: ignore[attr-defined,name-defined,misc]
+        """Wall and process CPU time of every epoch. Epoch hooks only: Keras keeps dispatching the
+        per-batch callbacks asynchronously (as in a plain ``fit(verbose=0)``), and flushes them
+        before ``on_epoch_end``, so an epoch's time covers all of its steps."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.epochs: list[dict[str, float]] = []
+            self._start = (0.0, 0.0, 0.0)
+
+        def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+            self._start = (time.perf_counter(), time.process_time(), machine_busy_seconds())
+
+        def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+            wall, cpu, busy = time.perf_counter(), time.process_time(), machine_busy_seconds()
+            record = {
+                "seconds": wall - self._start[0],
+                "cpu_seconds": cpu - self._start[1],
+                "machine_busy_seconds": busy - self._start[2],
+            }
+            record["loss"] = float((logs or {}).get("loss", math.nan))
+            self.epochs.append(record)
+            if bench_dir is not None:
+                with (bench_dir / f"{tag}.jsonl").open("a") as out:
+                    out.write(json.dumps({"epoch": epoch, **record}) + "\n")
+
+    return EpochTimer()
+
+
+def env_rank(mode: str) -> int:
+    """This process's rank from its environment, before any framework has started."""
+    if mode == "tnt":
+        return int(os.environ.get("TNT_RANK", "0"))
+    if mode == "mwms":
+        return int(json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index", 0))
+    return 0
+
+
+def main() -> int:
+    args = parse_args()
+    started = time.perf_counter()
+    bench_dir = Path(os.environ["BENCH_DIR"]) if os.environ.get("BENCH_DIR") else None
+    if bench_dir is not None:
+        # First thing, so that the driver can always find and stop this process.
+        (bench_dir / f"{args.mode}.r{env_rank(args.mode)}.pid").write_text(str(os.getpid()))
+    # Keras warns on every fit that shuffle=True does not apply to a tf.data.Dataset.
+    warnings.filterwarnings("ignore", message=".*`shuffle=True` was passed.*")
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    configure_threads(tf)
+
+    strategy = None
+    rank, size = 0, 1
+    if args.mode == "mwms":
+        # Must exist before any other TF op runs (collectives are configured at context start).
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        rank = int(strategy.cluster_resolver.task_id)
+        size = int(strategy.num_replicas_in_sync)
+        patch_keras_for_mwms()
+
+    import keras
+
+    tnt = None
+    if args.mode == "tnt":
+        import tnt_keras as tnt
+
+        rank, size = int(tnt.get_rank()), int(tnt.get_size())
+
+    tag = f"{args.mode}.r{rank}"
+
+    keras.utils.set_random_seed(args.seed)
+    compile_args = {
+        "optimizer": keras.optimizers.SGD(learning_rate=0.01),
+        "loss": "sparse_categorical_crossentropy",
+        "metrics": ["accuracy"],
+    }
+    if strategy is not None:
+        with strategy.scope():
+            model = lenet(keras)
+            model.compile(**compile_args)
+            build_from_shapes(model, args.batch // size)
+        ds = dataset(tf, args, tf.data.experimental.AutoShardPolicy.DATA)
+    else:
+        model = lenet(keras)
+        if tnt is not None:
+            model = tnt.Model(model)
+        model.compile(**compile_args)
+        ds = dataset(tf, args)
+
+    timer = make_timer(keras, bench_dir, tag)
+    fit_start = time.perf_counter()
+    model.fit(ds, epochs=1 + args.rounds, steps_per_epoch=args.steps, callbacks=[timer], verbose=0)
+    fit_seconds = time.perf_counter() - fit_start
+
+    epochs = timer.epochs  # type: ignore[attr-defined]
+    result = {
+        "mode": args.mode,
+        "rank": rank,
+        "size": size,
+        "pid": os.getpid(),
+        "batch": args.batch,
+        "steps": args.steps,
+        "warmup": epochs[:1],
+        "rounds": epochs[1:],
+        "fit_seconds": fit_seconds,
+        "process_seconds": time.perf_counter() - started,
+        "threads": {
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+            "TF_NUM_INTRAOP_THREADS": os.environ.get("TF_NUM_INTRAOP_THREADS"),
+            "intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
+            "inter_op": tf.config.threading.get_inter_op_parallelism_threads(),
+            "cpus": len(os.sched_getaffinity(0)),
+        },
+        "jit_compile": bool(getattr(model, "jit_compile", False)),
+        "versions": {
+            "tensorflow": tf.__version__,
+            "keras": keras.__version__,
+            **({"tnt_keras": getattr(tnt, "__version__", "?")} if tnt is not None else {}),
+        },
+    }
+    if bench_dir is not None:
+        (bench_dir / f"{tag}.json").write_text(json.dumps(result))
+    if rank == 0:
+        print(RESULT_PREFIX + json.dumps(result), flush=True)
+    if strategy is not None and rank == 0:
+        wait_for_other_workers(bench_dir, args.mode, size)
+    return 0
+
+
+def wait_for_other_workers(bench_dir: Path | None, mode: str, size: int, limit_s: float = 30.0) -> None:
+    """MWMS worker 0 hosts TF's coordination service; when it exits first, the other workers' heartbeats
+    fail during their shutdown ("Failed to send RPC to coordination service") and they may exit with
+    an error. So it waits (at most ``limit_s``) until the others' processes are gone."""
+    if bench_dir is None:
+        return
+    deadline = time.monotonic() + limit_s
+    for rank in range(1, size):
+        pid_file = bench_dir / f"{mode}.r{rank}.pid"
+        while time.monotonic() < deadline:
+            try:
+                os.kill(int(pid_file.read_text().strip()), 0)
+            except (OSError, ValueError):
+                break  # gone (or never started: nothing to wait for)
+            time.sleep(0.05)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
