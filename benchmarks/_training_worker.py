@@ -2,7 +2,7 @@
 
 ``python _training_worker.py MODE [--steps M --rounds R --batch B --seed S --samples N]`` trains the
 LeNet-5-like CNN on synthetic MNIST-shaped data for ``1 + R`` epochs of ``M`` steps each, in one
-``fit``: epoch 0 is the warm-up (tracing, first touches of memory, tnt's start-of-fit broadcast) and
+``fit``: epoch 0 is the warm-up (tracing, first touches of memory; tnt broadcasts before it) and
 is not reported; epochs 1..R are the timed rounds. MODE is one of
 
 - ``keras``: plain Keras, one process, no tnt and no distribution strategy;
@@ -171,34 +171,44 @@ def machine_busy_seconds() -> float:
     return busy / os.sysconf("SC_CLK_TCK")
 
 
-def make_timer(keras: object, bench_dir: Path | None, tag: str) -> object:
-    class EpochTimer(keras.callbacks.Callback):  # type: ignore[attr-defined,name-defined,misc]
-        """Wall and process CPU time of every epoch. Epoch hooks only: Keras keeps dispatching the
-        per-batch callbacks asynchronously (as in a plain ``fit(verbose=0)``), and flushes them
-        before ``on_epoch_end``, so an epoch's time covers all of its steps."""
+def time_epochs(keras: object, bench_dir: Path | None, tag: str) -> list[dict[str, float]]:
+    """Records wall, process CPU and machine CPU time of every epoch of the ``fit`` that follows.
 
-        def __init__(self) -> None:
-            super().__init__()
-            self.epochs: list[dict[str, float]] = []
-            self._start = (0.0, 0.0, 0.0)
+    Not a callback passed to ``fit``: any such callback changes what is measured. Keras dispatches
+    per-batch callbacks on a background thread only while no callback defines a batch hook, and
+    tnt's callback wrapper defines all of them, so a timer passed to ``fit`` would switch tnt (and
+    only tnt) to Keras' synchronous dispatch. Instead, ``CallbackList.on_epoch_begin/end`` (the
+    container ``fit`` builds around its callbacks) are wrapped for this process: ``fit`` runs as
+    with ``verbose=0`` and no callbacks in every configuration. The epoch ends after Keras' own
+    ``on_epoch_end``, which first waits for the asynchronous batch callbacks of the epoch.
+    """
+    records: list[dict[str, float]] = []
+    callback_list = keras.callbacks.CallbackList  # type: ignore[attr-defined]
+    begin, end = callback_list.on_epoch_begin, callback_list.on_epoch_end
+    start = [0.0, 0.0, 0.0]
 
-        def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-            self._start = (time.perf_counter(), time.process_time(), machine_busy_seconds())
+    def on_epoch_begin(self: object, epoch: int, logs: dict | None = None) -> None:
+        start[:] = time.perf_counter(), time.process_time(), machine_busy_seconds()
+        begin(self, epoch, logs)
 
-        def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-            wall, cpu, busy = time.perf_counter(), time.process_time(), machine_busy_seconds()
-            record = {
-                "seconds": wall - self._start[0],
-                "cpu_seconds": cpu - self._start[1],
-                "machine_busy_seconds": busy - self._start[2],
-            }
-            record["loss"] = float((logs or {}).get("loss", math.nan))
-            self.epochs.append(record)
-            if bench_dir is not None:
-                with (bench_dir / f"{tag}.jsonl").open("a") as out:
-                    out.write(json.dumps({"epoch": epoch, **record}) + "\n")
+    def on_epoch_end(self: object, epoch: int, logs: dict | None = None) -> None:
+        end(self, epoch, logs)
+        wall, cpu, busy = time.perf_counter(), time.process_time(), machine_busy_seconds()
+        loss = (logs or {}).get("loss")
+        record = {
+            "seconds": wall - start[0],
+            "cpu_seconds": cpu - start[1],
+            "machine_busy_seconds": busy - start[2],
+            "loss": math.nan if loss is None else float(loss),
+        }
+        records.append(record)
+        if bench_dir is not None:
+            with (bench_dir / f"{tag}.jsonl").open("a") as out:
+                out.write(json.dumps({"epoch": epoch, **record}) + "\n")
 
-    return EpochTimer()
+    callback_list.on_epoch_begin = on_epoch_begin
+    callback_list.on_epoch_end = on_epoch_end
+    return records
 
 
 def env_rank(mode: str) -> int:
@@ -263,12 +273,10 @@ def main() -> int:
         model.compile(**compile_args)
         ds = dataset(tf, args)
 
-    timer = make_timer(keras, bench_dir, tag)
+    epochs = time_epochs(keras, bench_dir, tag)
     fit_start = time.perf_counter()
-    model.fit(ds, epochs=1 + args.rounds, steps_per_epoch=args.steps, callbacks=[timer], verbose=0)
+    model.fit(ds, epochs=1 + args.rounds, steps_per_epoch=args.steps, verbose=0)
     fit_seconds = time.perf_counter() - fit_start
-
-    epochs = timer.epochs  # type: ignore[attr-defined]
     result = {
         "mode": args.mode,
         "rank": rank,
