@@ -1,4 +1,7 @@
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+# tnt-comm's rank spawner (ranks.py) serves these tests too, for jobs that need no launcher.
+sys.path.insert(0, str(HERE.parents[1] / "tnt-comm" / "tests"))

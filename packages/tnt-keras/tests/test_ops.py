@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _ranks import Result, run
+from ranks import Result, run
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 TIMEOUT_S = 20  # TNT_TIMEOUT_S of the jobs: a failing check ends its job in seconds, not minutes
@@ -271,7 +271,7 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def job3(cache: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, Any]], list[Result]]:
     """3 ranks import at once into the empty cache, run every check, then rank 2 dies."""
     assert not any(cache.iterdir())
-    results = run(3, RANK_CODE, tmp_path_factory.mktemp("job3"), env(cache, DEAD_PEER="1"), timeout=100)
+    results = run(3, RANK_CODE, tmp_path_factory.mktemp("job3"), env=env(cache, DEAD_PEER="1"), timeout=100)
     return outputs(results), results
 
 
@@ -283,7 +283,7 @@ def job2(job3: Any, cache: Path, tmp_path_factory: pytest.TempPathFactory) -> li
     """
     before = {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
     extra = {"TNT_KERAS_OPS": "numpy", "FIRST": "numpy", "TF_NUM_INTEROP_THREADS": "1"}
-    results = run(2, RANK_CODE, tmp_path_factory.mktemp("job2"), env(cache, **extra))
+    results = run(2, RANK_CODE, tmp_path_factory.mktemp("job2"), env=env(cache, **extra))
     assert {p.name: p.stat().st_mtime_ns for p in cache.iterdir()} == before
     return outputs(results)
 
@@ -334,7 +334,7 @@ def test_two_ranks_forced_fallback_then_op_from_cache(job2: list[dict[str, Any]]
 @pytest.mark.timeout(150)
 def test_one_rank_cache_reuse_and_build_failures(job3: Any, cache: Path, tmp_path: Path) -> None:
     before = {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
-    (o,) = outputs(run(1, RANK_CODE, tmp_path, env(cache, BUILD_FAILURES="1")))
+    (o,) = outputs(run(1, RANK_CODE, tmp_path, env=env(cache, BUILD_FAILURES="1")))
     assert o["suites"] == ["async-op", "numpy_function"]
     assert o["compiled"] == 0, "the second import must load the cached library"
     assert {p.name: p.stat().st_mtime_ns for p in cache.iterdir()} == before

@@ -112,7 +112,7 @@ def install_shuffle_seed() -> None:
     dataset_ops.DatasetV2.shuffle = shuffle
 
 
-def _too_small(batch: int, size: int) -> str:
+def _too_small(batch: int | str, size: int) -> str:
     return (
         f"tnt: a global batch of {batch} samples cannot be split over {size} ranks: every batch needs at least "
         f"one sample per rank. Batch the dataset with at least {size} samples (it is the GLOBAL batch size), "
@@ -132,9 +132,7 @@ def slice_batches(ds: tf.data.Dataset, rank: int, size: int) -> tf.data.Dataset:
         data = element[0] if len(element) == 1 else element
         leaves = [t for t in tf.nest.flatten(data) if t is not None]
         batch = tf.shape(leaves[0])[0]
-        check = tf.debugging.assert_greater_equal(
-            batch, size, message=_too_small(-1, size).replace("-1 samples", "fewer samples than ranks")
-        )
+        check = tf.debugging.assert_greater_equal(batch, size, message=_too_small("fewer", size))
         with tf.control_dependencies([check]):
             base = batch // size
             extra = batch % size
@@ -159,10 +157,9 @@ def prepare(
         if micro_batch_size <= 0:
             raise ValueError(f"tnt: tnt_micro_batch_size must be positive, got {micro_batch_size}")
         global_batch = micro_batch_size * size
-        batched = static_batch_size(ds) if find_batch(ds) is not None else None
         if find_batch(ds) is None:
             ds = ds.batch(global_batch)
-        elif batched is not None and batched != global_batch:
+        elif (batched := static_batch_size(ds)) is not None and batched != global_batch:
             raise ValueError(
                 f"tnt: the {what} is batched with {batched} samples, but tnt_micro_batch_size={micro_batch_size} "
                 f"on {size} ranks needs global batches of {global_batch}. Leave the dataset unbatched when you "

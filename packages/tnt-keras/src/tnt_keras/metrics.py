@@ -17,7 +17,7 @@ import keras
 import tensorflow as tf
 from keras.src.backend.common.stateless_scope import StatelessScope
 
-from . import ops
+from .reduce import sum_buckets
 
 
 class _Reducing(threading.local):
@@ -33,20 +33,11 @@ def _summed(variables: Sequence[Any]) -> Iterator[None]:
     if _reducing.active or not variables:
         yield
         return
-    by_dtype: dict[tf.DType, list[int]] = {}
     values = [tf.convert_to_tensor(v.value) for v in variables]
+    by_dtype: dict[tf.DType, list[int]] = {}
     for i, value in enumerate(values):
         by_dtype.setdefault(value.dtype, []).append(i)
-    summed: list[Any] = list(values)
-    pending = []
-    for indices in by_dtype.values():
-        flat = tf.concat([tf.reshape(values[i], [-1]) for i in indices], axis=0)
-        pending.append((indices, ops.start_allreduce(flat)))
-    for indices, started in pending:
-        total = ops.finish(started)
-        parts = tf.split(total, [tf.size(values[i]) for i in indices])
-        for i, part in zip(indices, parts, strict=True):
-            summed[i] = tf.reshape(part, tf.shape(values[i]))
+    summed = sum_buckets(values, list(by_dtype.values()))
     _reducing.active = True
     try:
         with StatelessScope(state_mapping=list(zip(variables, summed, strict=True))):

@@ -52,22 +52,24 @@ def plan_buckets(grads: Sequence[Any], threshold: int) -> list[list[int]]:
     return buckets
 
 
+def sum_buckets(tensors: Sequence[Any], buckets: Sequence[Sequence[int]]) -> list[Any]:
+    """Sums ``tensors`` across ranks, one fused allreduce per bucket of indices (all of one dtype).
+
+    Every bucket starts before any is waited for, so each starts as soon as its tensors exist.
+    """
+    pending = [(b, ops.start_allreduce(tf.concat([tf.reshape(tensors[i], [-1]) for i in b], axis=0))) for b in buckets]
+    out = list(tensors)
+    for bucket, started in pending:
+        parts = tf.split(ops.finish(started), [tf.size(tensors[i]) for i in bucket])
+        for i, part in zip(bucket, parts, strict=True):
+            out[i] = tf.reshape(part, tf.shape(tensors[i]))
+    return out
+
+
 def sum_gradients(grads: Sequence[Any], fraction: Any, threshold: int) -> list[Any]:
     """``sum over ranks of fraction * grad`` for every gradient, in fused buckets."""
-    dense = [None if g is None else tf.convert_to_tensor(g) for g in grads]
-    pending = []
-    for bucket in plan_buckets(dense, threshold):
-        dtype = dense[bucket[0]].dtype
-        scale = tf.cast(fraction, dtype)
-        flat = tf.concat([tf.reshape(dense[i] * scale, [-1]) for i in bucket], axis=0)
-        pending.append((bucket, ops.start_allreduce(flat)))
-    out: list[Any] = list(dense)
-    for bucket, started in pending:
-        summed = ops.finish(started)
-        sizes = [tf.size(dense[i]) for i in bucket]
-        for i, part in zip(bucket, tf.split(summed, sizes), strict=True):
-            out[i] = tf.reshape(part, tf.shape(dense[i]))
-    return out
+    scaled = [None if g is None else tf.convert_to_tensor(g) * tf.cast(fraction, g.dtype) for g in grads]
+    return sum_buckets(scaled, plan_buckets(scaled, threshold))
 
 
 def check_optimizer(optimizer: Any) -> None:
