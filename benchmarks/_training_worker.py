@@ -9,6 +9,9 @@ is not reported; epochs 1..R are the timed rounds. MODE is one of
 - ``tnt``: ``tnt_keras.Model`` around the same model; started by ``tnt-launch`` (1 or 2 ranks), or
   without the launcher's environment as a single rank;
 - ``mwms``: ``tf.distribute.MultiWorkerMirroredStrategy``; the driver sets ``TF_CONFIG``.
+- ``solo``: plain Keras on this process's share of every global batch (the rows rank ``BENCH_RANK``
+  of ``BENCH_SIZE`` would get), with no communication at all. The driver starts ``BENCH_SIZE`` of
+  them at once: what the machine can do for that many ranks when communication were free.
 
 Rank 0 (MWMS: worker 0) prints one line ``TRAINING_RESULT {json}`` with its measurements, which the
 driver parses. Every process also writes ``BENCH_DIR/<mode>.r<rank>.json`` (its CPU time, for the
@@ -38,7 +41,7 @@ CLASSES = 10
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["keras", "tnt", "mwms"])
+    parser.add_argument("mode", choices=["keras", "tnt", "mwms", "solo"])
     parser.add_argument("--steps", type=int, default=100, help="steps per epoch (per round)")
     parser.add_argument("--rounds", type=int, default=5, help="timed epochs after the warm-up epoch")
     parser.add_argument("--batch", type=int, default=256, help="global batch size")
@@ -215,6 +218,8 @@ def env_rank(mode: str) -> int:
     """This process's rank from its environment, before any framework has started."""
     if mode == "tnt":
         return int(os.environ.get("TNT_RANK", "0"))
+    if mode == "solo":
+        return int(os.environ.get("BENCH_RANK", "0"))
     if mode == "mwms":
         return int(json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index", 0))
     return 0
@@ -251,6 +256,8 @@ def main() -> int:
         import tnt_keras as tnt
 
         rank, size = int(tnt.get_rank()), int(tnt.get_size())
+    if args.mode == "solo":
+        rank, size = env_rank("solo"), int(os.environ.get("BENCH_SIZE", "1"))
 
     tag = f"{args.mode}.r{rank}"
 
@@ -271,7 +278,10 @@ def main() -> int:
         if tnt is not None:
             model = tnt.Model(model)
         model.compile(**compile_args)
-        ds = dataset(tf, args)
+        # solo: batches of this rank's slice size (the DESIGN.md formula), so the work per process
+        # is what a tnt rank does, without the slicing map and without communication.
+        local_batch = args.batch // size + (rank < args.batch % size) if args.mode == "solo" else args.batch
+        ds = dataset(tf, argparse.Namespace(**{**vars(args), "batch": local_batch}))
 
     epochs = time_epochs(keras, bench_dir, tag)
     fit_start = time.perf_counter()
