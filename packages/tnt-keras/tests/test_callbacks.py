@@ -36,6 +36,10 @@ def test_callbacks_on_two_ranks() -> None:
     assert not r0["backup"]["backup_left"]
     assert not [f for f in r0["files"] if "tnt-tmp" in f]  # atomic writes leave no temporaries
     assert r0["weights"] == r1["weights"]
+    for r in (r0, r1):
+        a = r["async"]  # [train, test, predict] as Keras' CallbackList decides them
+        assert a["plain_early_stopping"] == a["early_stopping"] == a["no_batch_hooks"] == [True, True, True]
+        assert a["record"] == a["terminate_on_nan"] == a["checkpoint_every_5"] == [False, True, True]
 
 
 @pytest.mark.timeout(200)
@@ -43,3 +47,8 @@ def test_tensorboard_on_all_devices() -> None:
     result = run("tensorboard_job", 2, timeout=180, env={"TNT_TENSORBOARD_ON_ALL_DEVICES": "true"})
     dirs = result.ranks[0]["dirs"]
     assert any(d.startswith("rank_0") for d in dirs) and any(d.startswith("rank_1") for d in dirs)
+    # The same callback in two fits and an evaluate gets its rank folder once, not rank_0/rank_0.
+    assert {d.split("/")[0] for d in dirs} == {"rank_0", "rank_1"}
+    assert not any(d.count("rank_") > 1 for d in dirs), dirs
+    for rank, r in enumerate(result.ranks):
+        assert r["log_dir"] == str(result.out_dir / "tb" / f"rank_{rank}")

@@ -42,7 +42,24 @@ _HOOKS = (
 _DELEGATES = {"on_train_batch_begin": "on_batch_begin", "on_train_batch_end": "on_batch_end"}
 
 
+# Keras callbacks whose on_train_batch_end does nothing when they save once per epoch.
+_EPOCH_SAVERS = (keras.callbacks.ModelCheckpoint, keras.callbacks.BackupAndRestore)
+
+
+def _saves_per_epoch_only(callback: keras.callbacks.Callback) -> bool:
+    kind = next((k for k in _EPOCH_SAVERS if isinstance(callback, k)), None)
+    return (
+        kind is not None
+        and getattr(callback, "save_freq", None) == "epoch"
+        and "on_train_batch_end" not in vars(callback)
+        and type(callback).on_train_batch_end is kind.on_train_batch_end
+    )
+
+
 def _overrides(callback: keras.callbacks.Callback, hook: str) -> bool:
+    """Whether ``callback`` does something in ``hook``, beyond the no-op of ``keras.callbacks.Callback``."""
+    if hook == "on_train_batch_end" and _saves_per_epoch_only(callback):
+        return False
     if hook in vars(callback) or getattr(type(callback), hook, None) is not getattr(keras.callbacks.Callback, hook):
         return True
     return hook in _DELEGATES and _overrides(callback, _DELEGATES[hook])
@@ -91,8 +108,17 @@ class Callback(keras.callbacks.Callback):
         self.aggregate_logs = aggregate_logs
         self.run_on_all_ranks = run_on_all_ranks
         self.tnt_model: keras.Model | None = None
+        # Only the hooks the callback overrides get a dispatcher; the others stay Keras' marked
+        # defaults, so Keras keeps running batch-end hooks asynchronously when no callback has one.
         for hook in _HOOKS:
-            setattr(self, hook, self._dispatcher(hook))
+            if _overrides(callback, hook):
+                setattr(self, hook, self._dispatcher(hook))
+
+    @property
+    def async_safe(self) -> bool:
+        """Passes on a callback's ``async_safe`` unless its logs are averaged: Keras then runs
+        batch-end hooks on a thread pool, where collectives could run in a different order per rank."""
+        return bool(getattr(self.callback, "async_safe", False)) and not self.aggregate_logs
 
     @property
     def runs_here(self) -> bool:
@@ -109,13 +135,9 @@ class Callback(keras.callbacks.Callback):
             self.callback.set_params(params)
 
     def _dispatcher(self, hook: str) -> Any:
-        aggregate = _overrides(self.callback, hook)
-
         takes_index = "batch" in hook or "epoch" in hook
 
         def dispatch(*args: Any, **kwargs: Any) -> None:
-            if not aggregate:
-                return
             # Keras passes logs positionally or by keyword; hooks with an index take it first.
             head, rest = (args[:1], args[1:]) if takes_index else ((), args)
             logs = kwargs.pop("logs", rest[0] if rest else None)
@@ -141,7 +163,7 @@ def wrap(callback: keras.callbacks.Callback, tnt_model: keras.Model) -> Callback
     elif isinstance(callback, keras.callbacks.TensorBoard):
         on_all = runtime.tensorboard_on_all_devices()
         if on_all and tnt_comm.size() > 1:
-            callback.log_dir = os.path.join(str(callback.log_dir), f"rank_{runtime.get_rank()}")
+            _rank_log_dir(callback)
         wrapped = Callback(callback, aggregate_logs=False, run_on_all_ranks=on_all)
     elif isinstance(callback, _OUTPUT_ONLY):
         wrapped = Callback(callback, aggregate_logs=False, run_on_all_ranks=False)
@@ -171,6 +193,15 @@ def wrap(callback: keras.callbacks.Callback, tnt_model: keras.Model) -> Callback
 
 def wrap_all(callbacks: Iterable[keras.callbacks.Callback] | None, tnt_model: keras.Model) -> list[Callback]:
     return [wrap(cb, tnt_model) for cb in (callbacks or [])]
+
+
+def _rank_log_dir(callback: keras.callbacks.TensorBoard) -> None:
+    """Moves ``log_dir`` into this rank's ``rank_<r>`` folder, once: the same callback passed to a
+    second ``fit`` (or to ``evaluate``) must not end up in ``rank_0/rank_0``."""
+    if getattr(callback, "_tnt_rank_log_dir", None) == callback.log_dir:
+        return
+    callback.log_dir = os.path.join(str(callback.log_dir), f"rank_{runtime.get_rank()}")
+    callback._tnt_rank_log_dir = callback.log_dir  # a log_dir changed later gets its own rank folder
 
 
 def _read_only_backup(callback: keras.callbacks.BackupAndRestore) -> None:

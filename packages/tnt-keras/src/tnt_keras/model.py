@@ -10,7 +10,11 @@ ranks (``metrics.py``), and callbacks that run, print and write per rank policy 
 from __future__ import annotations
 
 import copy
+import json
 import os
+import shutil
+import tempfile
+from collections.abc import Callable
 from typing import Any
 
 import keras
@@ -25,45 +29,149 @@ from .runtime import logger
 _BN_WARN_BELOW = 16
 
 
-def _atomic_target(filepath: str | os.PathLike[str], suffix: str) -> tuple[str, str]:
-    """A temporary path beside ``filepath`` that keeps Keras' required ``suffix``."""
-    path = os.fspath(filepath)
-    directory, name = os.path.split(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    stem = name[: -len(suffix)] if name.endswith(suffix) else name
-    return path, os.path.join(directory, f".{stem}.tnt-tmp-{os.getpid()}{suffix}")
+def _refuse_existing(path: str, overwrite: bool, tnt_save_all_devices: bool) -> None:
+    """With ``overwrite=False``, raises the same ``FileExistsError`` on every rank if ``path`` exists.
+
+    The master rank looks and tells the others, since a rank that looked itself might already see
+    the file the master is writing. When every rank writes its own file, each looks at its own.
+    """
+    if overwrite:
+        return
+    exists = os.path.exists(path)
+    if not tnt_save_all_devices and runtime.get_size() > 1:
+        flag = np.array([int(exists)], dtype=np.int32)
+        exists = bool(tnt_comm.broadcast(flag, root=runtime.get_master_rank())[0])
+    if exists:
+        raise FileExistsError(f"tnt: {path} exists and overwrite=False; pass overwrite=True to replace it")
 
 
-def _write_atomically(filepath: str | os.PathLike[str], suffix: str, overwrite: bool, write: Any) -> None:
-    path, tmp = _atomic_target(filepath, suffix)
-    if not overwrite and os.path.exists(path):
-        raise FileExistsError(f"tnt: {path} exists; pass overwrite=True to replace it")
+def _shard_names(index: str) -> set[str]:
+    """The shard files that the Keras ``.weights.json`` index at ``index`` names (none if unreadable)."""
     try:
-        write(tmp)
-        os.replace(tmp, path)  # a crash leaves the old file, never a half-written one
+        with open(index) as f:
+            weight_map = json.load(f)["weight_map"]
+        names = [n for v in weight_map.values() for n in (v if isinstance(v, list) else [v])]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return set()
+    # Plain shard names only: an index must never lead us to delete other files or leave the folder.
+    return {n for n in names if isinstance(n, str) and n == os.path.basename(n) and n.endswith(".weights.h5")}
+
+
+def _write_atomically(filepath: str | os.PathLike[str], write: Callable[[str], None]) -> None:
+    """Has ``write`` save under the same name in a new folder beside ``filepath``, then moves what
+    it wrote into place. The name must stay: Keras names the shards of a sharded save after it.
+
+    Each file is replaced in one step, so a crash leaves the old file whole, never a half-written
+    one. For a sharded save the old index goes first and the new one last, so an index never
+    names a mix of old and new shards; shards that only the old index named are then removed.
+    """
+    path = os.path.abspath(os.fspath(filepath))
+    directory, name = os.path.split(path)
+    os.makedirs(directory, exist_ok=True)
+    tmp_dir = tempfile.mkdtemp(prefix=f".{name}.tnt-tmp-", dir=directory)
+    try:
+        write(os.path.join(tmp_dir, name))
+        shards = sorted(f for f in os.listdir(tmp_dir) if f != name)
+        stale = _shard_names(path) - set(shards) if shards else set()
+        if shards and os.path.lexists(path):
+            os.remove(path)
+        for shard in shards:
+            os.replace(os.path.join(tmp_dir, shard), os.path.join(directory, shard))
+        os.replace(os.path.join(tmp_dir, name), path)
+        for shard in stale:
+            try:
+                os.remove(os.path.join(directory, shard))
+            except FileNotFoundError:
+                pass
     finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        shutil.rmtree(tmp_dir, ignore_errors=True)
 
 
-def _weights_suffix(filepath: str) -> str:
-    for suffix in (".weights.h5", ".weights.json", ".keras"):
-        if filepath.endswith(suffix):
-            return suffix
-    raise ValueError(f"tnt: save_weights needs a file name ending in .weights.h5 (got {filepath!r}), as in Keras 3")
+def _check_weights_path(path: str, sharded: bool) -> None:
+    """Refuses, on every rank alike and before writing, a name Keras 3 would refuse or change."""
+    stem = path
+    for suffix in (".weights.json", ".weights.h5", ".keras", ".h5", ".hdf5"):
+        if path.endswith(suffix):
+            stem = path[: -len(suffix)]
+            break
+    if sharded:
+        if not path.endswith(".weights.json"):
+            raise ValueError(
+                "tnt: with max_shard_size, Keras 3 writes a .weights.json index and .weights.h5 shards beside it, "
+                f"so the name must end in .weights.json (got {path!r}): save_weights({stem + '.weights.json'!r}, "
+                "max_shard_size=...)"
+            )
+        return
+    if path.endswith(".weights.h5"):
+        return
+    h5 = stem + ".weights.h5"
+    if path.endswith(".weights.json"):
+        fix = f"a .weights.json file is a sharded save: pass max_shard_size (in GB), or save to {h5!r}"
+    elif path.endswith(".keras"):
+        fix = f"a .keras file holds the whole model: use save({path!r}), or save_weights({h5!r}) for the weights"
+    else:
+        fix = f"use save_weights({h5!r})"
+    raise ValueError(f"tnt: Keras 3 weights files end in .weights.h5 (got {path!r}); {fix}")
 
 
-class _RowCounter(keras.callbacks.Callback):
-    """Counts the rows each predict batch yields, to put every rank's slices back in order."""
+class _RowCounter:
+    """Wraps a model's predict function and counts the rows each batch yields, to put every rank's
+    slices back in order.
 
-    def __init__(self) -> None:
-        super().__init__()
+    It reads the outputs as the predict function returns them: callbacks see them only through
+    logs that Keras flattens (dict outputs lose the ``outputs`` key), and a batch-end callback
+    would count as one more callback with a batch hook in Keras' check for asynchronous dispatch.
+    """
+
+    def __init__(self, function: Callable[[Any], Any]) -> None:
+        self.function = function
         self.rows: list[int] = []
 
-    def on_predict_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        outputs = (logs or {}).get("outputs")
+    def __call__(self, data: Any) -> Any:
+        outputs = self.function(data)
         leaves = [t for t in tf.nest.flatten(outputs) if t is not None]
         self.rows.append(int(leaves[0].shape[0]) if leaves else 0)
+        return outputs
+
+
+def _build_for_predict(model: keras.Model, element_spec: Any) -> None:
+    """Creates the variables of a model that is not built yet from the dataset's shapes, as Keras'
+    ``_symbolic_build`` does, but without compiling or building an optimizer."""
+    if all(layer.built for layer in model._flatten_layers()):
+        return
+    from keras.src import backend as keras_backend
+
+    x, _, _ = keras.utils.unpack_x_y_sample_weight(element_spec)
+    symbolic = tf.nest.map_structure(lambda s: keras.KerasTensor(s.shape, keras.backend.standardize_dtype(s.dtype)), x)
+    keras_backend.compute_output_spec(model, symbolic, training=False)
+
+
+def _checksums(variables: list[Any]) -> np.ndarray:
+    """A 64-bit checksum (crc32 and adler32) of every variable's bytes: about as fast as copying them."""
+    import zlib
+
+    sums = np.empty((len(variables), 2), dtype=np.int64)  # tnt_comm has no uint32
+    for i, variable in enumerate(variables):
+        raw = np.ascontiguousarray(variable.numpy()).reshape(-1).view(np.uint8)
+        sums[i] = zlib.crc32(raw), zlib.adler32(raw)
+    return sums
+
+
+def _sync_for_predict(model: keras.Model) -> None:
+    """Gives every rank rank 0's model variables (not the optimizer's: predict needs none).
+
+    Collective. Ranks may differ before predict: a model that was never fit has each rank's own
+    random initial weights, and fit updates BatchNormalization's moving statistics from each rank's
+    own slices. Only variables whose checksums differ somewhere are broadcast, so repeated
+    predictions on weights that are already equal cost one small allgather.
+    """
+    variables = list({id(v): v for v in model.variables}.values())
+    if tnt_comm.size() == 1 or not variables:
+        return
+    everyone = tnt_comm.allgather(_checksums(variables))  # (ranks, variables, 2)
+    differ = np.any(everyone != everyone[0], axis=(0, 2))
+    if differ.any():
+        reduce.broadcast_variables([v for v, d in zip(variables, differ, strict=True) if d])
 
 
 @keras.saving.register_keras_serializable(package="tnt", name="Model")
@@ -155,12 +263,19 @@ class Model(keras.Model):
     # -- configuration -----------------------------------------------------------------------------
 
     def get_config(self) -> dict[str, Any]:
-        return {"model": keras.saving.serialize_keras_object(self._model), "name": self.name}
+        # Architecture only, as in Keras: the compile settings are the wrapper's own compile_config.
+        inner = keras.saving.serialize_keras_object(self._model)
+        inner.pop("compile_config", None)
+        return {"model": inner, "name": self.name}
 
     @classmethod
     def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> Model:
-        # Keras consumes the dict it deserializes; the caller's config stays reusable.
-        inner = keras.saving.deserialize_keras_object(copy.deepcopy(config["model"]), custom_objects=custom_objects)
+        """A new, uncompiled ``tnt.Model`` (Keras compiles it afterwards only when loading a file
+        with ``compile=True``)."""
+        # Keras consumes the dict it deserializes; the caller's config stays reusable. Configs of
+        # older versions still carry the wrapped model's compile settings: leave them out.
+        inner_config = {k: v for k, v in config["model"].items() if k != "compile_config"}
+        inner = keras.saving.deserialize_keras_object(copy.deepcopy(inner_config), custom_objects=custom_objects)
         return cls(inner, name=config.get("name"))
 
     def compile(self, optimizer: Any = "rmsprop", *args: Any, jit_compile: Any = "auto", **kwargs: Any) -> None:
@@ -387,7 +502,12 @@ class Model(keras.Model):
         tnt_distribute_dataset: bool = True,
     ) -> Any:
         """As ``keras.Model.predict``; each rank predicts its slice and every rank gets the whole
-        result, in the order of the input."""
+        result, in the order of the input, with the model's output structure (one array, or a
+        list, tuple or dict of them).
+
+        Collective: the model is built if needed and every rank first takes rank 0's variables,
+        so the predictions come from one set of weights even for a model that was never fit.
+        """
         ds = self._dataset(
             x,
             None,
@@ -398,21 +518,26 @@ class Model(keras.Model):
             micro_batch_size=tnt_micro_batch_size,
             what="prediction dataset",
         )
+        inner = self._model
+        _build_for_predict(inner, ds.element_spec)
+        _sync_for_predict(inner)
         wrapped = tnt_callbacks.wrap_all(callbacks, self)
         if self._tnt_size == 1 or not tnt_distribute_dataset:
-            return self._model.predict(ds, verbose=self._verbose(verbose), steps=steps, callbacks=wrapped)
-        counter = _RowCounter()
-        inner = self._model
+            return inner.predict(ds, verbose=self._verbose(verbose), steps=steps, callbacks=wrapped)
         steps_per_execution = inner.steps_per_execution
-        if steps_per_execution != 1:  # one callback per global batch keeps the reassembly simple
+        if steps_per_execution != 1:  # one call per global batch keeps the reassembly simple
             inner.steps_per_execution, inner.predict_function = 1, None
+        inner.make_predict_function()  # returns nothing when it makes a new one
+        counter = _RowCounter(inner.predict_function)
+        inner.predict_function = counter
         try:
-            local = inner.predict(ds, verbose=self._verbose(verbose), steps=steps, callbacks=[*wrapped, counter])
+            local = inner.predict(ds, verbose=self._verbose(verbose), steps=steps, callbacks=wrapped)
         finally:
-            if steps_per_execution != 1:
-                inner.steps_per_execution, inner.predict_function = steps_per_execution, None
+            # The traced function stays for the next call, unless it was traced for one step only.
+            inner.predict_function = counter.function if steps_per_execution == 1 else None
+            inner.steps_per_execution = steps_per_execution
         rows = tnt_comm.allgather(np.asarray(counter.rows, dtype=np.int64))  # (ranks, batches)
-        return tf.nest.map_structure(lambda a: _reassemble(np.asarray(a), rows), local)
+        return _reassemble(local, rows)
 
     # -- weights and files -------------------------------------------------------------------------
 
@@ -434,7 +559,10 @@ class Model(keras.Model):
         tnt_save_all_devices: bool = False,
         **kwargs: Any,
     ) -> None:
-        """Saves the whole model to a ``.keras`` file, on the master rank only, atomically."""
+        """Saves the whole model to a ``.keras`` file, on the master rank only, atomically.
+
+        With ``overwrite=False`` it is collective: every rank raises ``FileExistsError`` if the file exists.
+        """
         path = os.fspath(filepath)
         if path.endswith((".h5", ".hdf5")):
             raise ValueError(
@@ -444,29 +572,39 @@ class Model(keras.Model):
             )
         if not path.endswith(".keras"):
             raise ValueError(f"tnt: whole-model files end in .keras (got {path!r}); for SavedModel use export()")
+        _refuse_existing(path, overwrite, tnt_save_all_devices)
         if self._writes_here(tnt_save_all_devices):
-            _write_atomically(path, ".keras", overwrite, lambda tmp: keras.saving.save_model(self, tmp, **kwargs))
+            _write_atomically(path, lambda tmp: keras.saving.save_model(self, tmp, **kwargs))
 
     def save_weights(
         self,
         filepath: str | os.PathLike[str],
         overwrite: bool = True,
         tnt_save_all_devices: bool = False,
+        max_shard_size: float | None = None,
         **kwargs: Any,
     ) -> None:
-        """Saves the wrapped model's weights (loadable by plain Keras too), on the master rank only."""
+        """Saves the wrapped model's weights (loadable by plain Keras too), on the master rank only.
+
+        The name ends in ``.weights.h5``; with ``max_shard_size`` (GB per shard) in ``.weights.json``,
+        and Keras writes the shards ``<name>_00000.weights.h5``, ... beside it. With
+        ``overwrite=False`` it is collective, as ``save``.
+        """
         path = os.fspath(filepath)
-        suffix = _weights_suffix(path)
-        target = self if suffix == ".keras" else self._model
+        _check_weights_path(path, sharded=max_shard_size is not None)
+        _refuse_existing(path, overwrite, tnt_save_all_devices)
         if self._writes_here(tnt_save_all_devices):
             _write_atomically(
-                path, suffix, overwrite, lambda tmp: keras.Model.save_weights(target, tmp, overwrite=True, **kwargs)
+                path,
+                lambda tmp: self._model.save_weights(tmp, overwrite=True, max_shard_size=max_shard_size, **kwargs),
             )
 
     def load_weights(self, filepath: str | os.PathLike[str], *args: Any, **kwargs: Any) -> None:
         """Loads weights on every rank, then all ranks take rank 0's values.
 
-        Collective: it first waits for all ranks, so a file rank 0 has just written is complete.
+        Takes what Keras 3 takes: ``.weights.h5``, a sharded save's ``.weights.json``, a whole-model
+        ``.keras`` file, or a legacy ``.h5`` file. Collective: it first waits for all ranks, so a
+        file rank 0 has just written is complete.
         """
         path = os.fspath(filepath)
         reduce.barrier()
@@ -481,15 +619,23 @@ class Model(keras.Model):
         return None
 
 
-def _reassemble(local: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """Every rank's slices of every batch, back in the order of the global batches."""
-    gathered = tnt_comm.allgatherv(np.ascontiguousarray(local))
-    starts = np.concatenate([[0], np.cumsum(rows.sum(axis=1))[:-1]])  # where each rank's block begins
-    pieces = []
-    offsets = starts.copy()
-    for batch in range(rows.shape[1]):
-        for rank in range(rows.shape[0]):
-            count = int(rows[rank, batch])
-            pieces.append(gathered[offsets[rank] : offsets[rank] + count])
-            offsets[rank] += count
-    return np.concatenate(pieces) if pieces else gathered
+def _reassemble(local: Any, rows: np.ndarray) -> Any:
+    """Every rank's slices of every batch, back in the order of the global batches, for every
+    array of the output structure (one allgatherv per array, in the same order on every rank)."""
+    order = _global_order(rows)
+
+    def gather(array: Any) -> Any:
+        if array is None:
+            return None
+        return tnt_comm.allgatherv(np.ascontiguousarray(array))[order]
+
+    return tf.nest.map_structure(gather, local)
+
+
+def _global_order(rows: np.ndarray) -> np.ndarray:
+    """Indices into the ranks' concatenated outputs (rank 0's batches, then rank 1's, ...) that put
+    them in input order: batch 0 of every rank, then batch 1, ... ``rows`` is (ranks, batches)."""
+    per_rank = rows.sum(axis=1)
+    begins = (np.cumsum(per_rank) - per_rank)[:, None] + np.cumsum(rows, axis=1) - rows
+    pieces = [np.arange(b, b + c) for b, c in zip(begins.T.ravel(), rows.T.ravel(), strict=True)]
+    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import json
 import os
 from typing import Any
 
@@ -29,7 +31,8 @@ def save_model(
 def load_model(
     filepath: str | os.PathLike[str], custom_objects: Any = None, compile: bool = True, **kwargs: Any
 ) -> Model:
-    """Loads a ``.keras`` file as a ``tnt.Model``, compiled if it was saved compiled.
+    """Loads a ``.keras`` file as a ``tnt.Model``: compiled, with its optimizer state, if it was saved
+    compiled and ``compile`` is True; uncompiled with ``compile=False``.
 
     Collective: call it on every rank. It first waits for all ranks, so a file that rank 0 has
     just written (``save``, ``ModelCheckpoint``) is complete before anyone reads it; every rank
@@ -43,15 +46,22 @@ def load_model(
 
 
 def model_from_config(config: dict[str, Any], custom_objects: Any = None) -> Model:
-    """A new, uncompiled ``tnt.Model`` from ``get_config()`` output (of a tnt or a Keras model)."""
+    """A new, uncompiled ``tnt.Model`` from a model's config: ``tnt.Model.get_config()`` output, or a
+    serialized tnt or Keras model (``keras.saving.serialize_keras_object(model)``, ``json.loads(to_json())``)."""
     if "class_name" not in config:  # the bare output of Model.get_config()
         return Model.from_config(config, custom_objects=custom_objects)
-    return _as_tnt(keras.models.model_from_config(config, custom_objects=custom_objects))
+    # Keras would compile the model from the serialized compile settings; an architecture is uncompiled.
+    # Keras also consumes the dict it deserializes: the caller's config stays reusable.
+    config = copy.deepcopy({k: v for k, v in config.items() if k != "compile_config"})
+    model = keras.saving.deserialize_keras_object(config, custom_objects=custom_objects)
+    if not isinstance(model, keras.Model):
+        raise TypeError(f"tnt: the config describes a {type(model).__name__}, not a keras.Model")
+    return _as_tnt(model)
 
 
 def model_from_json(json_string: str, custom_objects: Any = None) -> Model:
-    """A new, uncompiled ``tnt.Model`` from ``to_json()`` output."""
-    return _as_tnt(keras.models.model_from_json(json_string, custom_objects=custom_objects))
+    """A new, uncompiled ``tnt.Model`` from ``to_json()`` output (of a tnt or a Keras model)."""
+    return model_from_config(json.loads(json_string), custom_objects=custom_objects)
 
 
 def clone_model(model: keras.Model, *args: Any, **kwargs: Any) -> Model:

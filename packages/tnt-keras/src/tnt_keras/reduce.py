@@ -24,9 +24,21 @@ from .runtime import fusion_threshold_bytes
 
 
 class StepState(threading.local):
-    """This rank's fraction of the current global batch, set while a train step is traced or run."""
+    """This rank's share of the current global batch, while a train step is traced or run.
 
-    fraction: tf.Tensor | None = None
+    The batch sizes are summed by an allreduce started at the top of the step and waited for only
+    when the first gradient needs scaling, so it adds no synchronisation point before the forward pass.
+    """
+
+    local: tf.Tensor | None = None  # this rank's batch size, float32 of shape [1]
+    pending: ops.Pending | None = None  # the allreduce of the batch sizes, in flight
+    value: tf.Tensor | None = None  # local / global, once the allreduce is finished
+
+    def fraction(self) -> tf.Tensor | None:
+        if self.pending is not None:
+            self.value = tf.reshape(self.local / ops.finish(self.pending), [])
+            self.pending = None
+        return self.value
 
 
 def plan_buckets(grads: Sequence[Any], threshold: int) -> list[list[int]]:
@@ -76,8 +88,8 @@ def check_optimizer(optimizer: Any) -> None:
     inner = getattr(optimizer, "inner_optimizer", optimizer)
     if isinstance(inner, keras.optimizers.Ftrl):
         raise ValueError(
-            "tnt: the Ftrl optimizer is not supported: its per-coordinate state is not a function of the "
-            "summed gradient, so data-parallel training would differ from serial training. Use another "
+            "tnt: the Ftrl optimizer is not supported: it is made for online learning on one example at a "
+            "time, not for data-parallel training on global batches, and tnt does not validate it. Use another "
             "optimizer (Adam, AdamW, SGD, RMSprop, Adagrad, ...)."
         )
 
@@ -97,13 +109,16 @@ def install_gradient_sum(model: keras.Model, size: int) -> None:
         def train_step(data: Any) -> Any:
             # The global batch size of this step, for the b_r / B scaling (last batches may be partial).
             leaves = [t for t in tf.nest.flatten(data) if t is not None]
-            local = tf.cast(tf.reshape(tf.shape(leaves[0])[0], [1]), tf.float32)
-            total = ops.allreduce(local)
-            state.fraction = tf.reshape(local / total, [])
+            state.local = tf.cast(tf.reshape(tf.shape(leaves[0])[0], [1]), tf.float32)
+            state.pending, state.value = ops.start_allreduce(state.local), None
             try:
-                return original_train_step(data)
+                logs = original_train_step(data)
+                if state.pending is not None:  # no optimizer step ran: a started collective must still finish
+                    with tf.control_dependencies([state.fraction()]):
+                        logs = tf.nest.map_structure(tf.identity, logs)
+                return logs
             finally:
-                state.fraction = None
+                state.local = state.pending = state.value = None
 
         model.train_step = train_step
         model._tnt_step_state = state
@@ -116,7 +131,9 @@ def install_gradient_sum(model: keras.Model, size: int) -> None:
     original_apply = optimizer.apply
 
     def apply(grads: Sequence[Any], trainable_variables: Any = None) -> Any:
-        fraction = state.fraction if state.fraction is not None else tf.constant(1.0 / size)
+        fraction = state.fraction()
+        if fraction is None:  # apply() outside a train step: equal shares
+            fraction = tf.constant(1.0 / size)
         return original_apply(sum_gradients(list(grads), fraction, threshold), trainable_variables)
 
     optimizer.apply = apply

@@ -206,5 +206,41 @@ results["tensorboard_dirs"] = sorted(
     str(p.relative_to(shared / "tb")) for p in (shared / "tb").rglob("*") if p.is_dir()
 )
 results["weights"] = flat(model.get_weights())
+
+
+# Keras' own check (CallbackList, with keras.utils.is_default on every batch-end hook) of whether
+# batch-end hooks may run asynchronously: tnt's wrappers keep that for callbacks without batch hooks
+# and turn it off for those with one. Keras skips the check on TensorFlow (its backend is not marked
+# thread safe), so the check runs here as on a backend that is.
+def keras_async(callbacks, wrap=True):
+    from keras.src import backend
+
+    thread_safe, backend.IS_THREAD_SAFE = backend.IS_THREAD_SAFE, True
+    try:
+        listed = keras.callbacks.CallbackList(tnt.callbacks.wrap_all(callbacks, model) if wrap else callbacks)
+    finally:
+        backend.IS_THREAD_SAFE = thread_safe
+    return [listed._async_train, listed._async_test, listed._async_predict]
+
+
+no_batch_hooks = [
+    keras.callbacks.EarlyStopping(),
+    keras.callbacks.CSVLogger(str(out / "unused.csv")),
+    keras.callbacks.History(),
+    keras.callbacks.ModelCheckpoint(str(out / "unused.keras")),
+    keras.callbacks.BackupAndRestore(str(out / "unused-backup")),
+    keras.callbacks.LearningRateScheduler(schedule),
+    keras.callbacks.ReduceLROnPlateau(),
+    keras.callbacks.RemoteMonitor(),
+    tnt.callbacks.Callback(AddLocal()),
+]
+results["async"] = {
+    "plain_early_stopping": keras_async([keras.callbacks.EarlyStopping()], wrap=False),
+    "early_stopping": keras_async([keras.callbacks.EarlyStopping()]),
+    "no_batch_hooks": keras_async(no_batch_hooks),
+    "record": keras_async([Record()]),
+    "terminate_on_nan": keras_async([keras.callbacks.TerminateOnNaN()]),
+    "checkpoint_every_5": keras_async([keras.callbacks.ModelCheckpoint(str(out / "unused.keras"), save_freq=5)]),
+}
 print(json.dumps({"rank": rank}), file=sys.stderr)
 report(results)

@@ -28,6 +28,7 @@ for kind in ("functional", "sequential", "subclassed", "custom_step"):
     config, json_config, weights = model.get_config(), model.to_json(), model.get_weights()
 
     whole = tnt.models.load_model(files / f"{kind}.keras")  # compiled, with the optimizer state
+    bare = tnt.models.load_model(files / f"{kind}.keras", compile=False)  # as Keras: uncompiled
     from_weights = tnt.Model(build(kind, seed=99))
     from_weights.compile(**compile_args("adam"))
     from_weights.fit(dataset(12, 12), epochs=1, verbose=0)  # builds the optimizer, then overwritten
@@ -41,13 +42,22 @@ for kind in ("functional", "sequential", "subclassed", "custom_step"):
         "config": tnt.models.model_from_config(config),
         "from_config": tnt.Model.from_config(config),
         "json": tnt.models.model_from_json(json_config),
+        # Keras-style configs with class_name: the wrapper's and the plain wrapped model's.
+        "serialized": tnt.models.model_from_config(keras.saving.serialize_keras_object(model)),
+        "plain_config": tnt.models.model_from_config(keras.saving.serialize_keras_object(model.model)),
+        "plain_json": tnt.models.model_from_json(model.model.to_json()),
         "clone": tnt.models.clone_model(model),
     }
+    # A model built from a config comes back uncompiled, as Keras documents.
+    compiled = {name: bool(m.compiled) for name, m in architecture.items()}
     expected = continue_training(model)
     r = {
         "whole_is_tnt": isinstance(whole, tnt.Model),
         "whole_compiled": bool(whole.compiled),
         "whole_err": max_diff(continue_training(whole), expected),
+        "bare_is_tnt": isinstance(bare, tnt.Model),
+        "bare_compiled": bool(bare.compiled),
+        "bare_err": max_diff(bare.get_weights(), weights),
         "weights_err": max_diff(plain.get_weights(), weights),
     }
     # load_weights restores the optimizer too (Keras 3 weight files carry it): training continues alike.
@@ -58,6 +68,7 @@ for kind in ("functional", "sequential", "subclassed", "custom_step"):
         m.compile(**compile_args("adam"))
         # A fresh optimizer: compare with the saved model restarted from the same weights.
         r[f"{name}_is_tnt"] = True
+        r[f"{name}_compiled"] = compiled[name]
         r[f"{name}_err"] = max_diff(m.get_weights(), weights)
     results[kind] = r
 

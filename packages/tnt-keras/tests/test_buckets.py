@@ -1,0 +1,48 @@
+"""The gradient bucket plan and the fusion threshold setting (one process, no ranks needed)."""
+
+from __future__ import annotations
+
+import pytest
+import tensorflow as tf
+from tnt_keras import reduce, runtime
+
+
+def grads(*specs: tuple[int, tf.DType]) -> list[tf.Tensor]:
+    return [tf.zeros([n], dtype) for n, dtype in specs]
+
+
+F32, F16 = tf.float32, tf.float16
+
+
+def test_buckets_start_from_the_last_gradient_and_reach_the_threshold() -> None:
+    g = grads((10, F32), (100, F32), (5, F32), (20, F32))  # 40, 400, 20, 80 bytes
+    assert reduce.plan_buckets(g, 100) == [[3, 2], [1], [0]]
+    assert reduce.plan_buckets(g, 1 << 20) == [[3, 2, 1, 0]]
+
+
+def test_threshold_zero_sends_every_gradient_alone() -> None:
+    g = grads((10, F32), (100, F32), (5, F32))
+    assert reduce.plan_buckets(g, 0) == [[2], [1], [0]]
+
+
+def test_buckets_never_mix_dtypes_and_skip_missing_gradients() -> None:
+    g: list[tf.Tensor | None] = [*grads((10, F32), (10, F16)), None, *grads((10, F32))]
+    assert reduce.plan_buckets(g, 1 << 20) == [[3], [1], [0]]
+
+
+@pytest.mark.parametrize(("raw", "expected"), [(None, 32 * 1024), ("0", 0), ("64", 64 * 1024)])
+def test_threshold_comes_from_the_launcher_variable(
+    monkeypatch: pytest.MonkeyPatch, raw: str | None, expected: int
+) -> None:
+    if raw is None:
+        monkeypatch.delenv("TNT_FUSION_THRESHOLD_KB", raising=False)
+    else:
+        monkeypatch.setenv("TNT_FUSION_THRESHOLD_KB", raw)
+    assert runtime.fusion_threshold_bytes() == expected
+
+
+@pytest.mark.parametrize("raw", ["-1", "32k", ""])
+def test_a_bad_threshold_is_named(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+    monkeypatch.setenv("TNT_FUSION_THRESHOLD_KB", raw)
+    with pytest.raises(ValueError, match="TNT_FUSION_THRESHOLD_KB"):
+        runtime.fusion_threshold_bytes()
