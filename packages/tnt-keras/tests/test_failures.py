@@ -18,3 +18,21 @@ def test_killed_rank_stops_training_job() -> None:
     assert time.monotonic() - start < 120
     leftovers = [f for f in set(os.listdir("/dev/shm")) - before if re.fullmatch(r"tnt-\w+-\d+", f)]
     assert not leftovers, leftovers
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("case", ["model", "steps"])
+def test_ranks_that_disagree_get_a_clear_error(case: str) -> None:
+    start = time.monotonic()
+    result = run("mismatch_job", 2, case, timeout=140, check=False, env={"TNT_TIMEOUT_S": "30"})
+    assert result.returncode != 0
+    errors = [r.get("error") or "" for r in result.ranks]
+    assert all(errors), (errors, result.output[-3000:])  # every rank raised: nobody hangs or goes on
+    if case == "model":
+        for e in errors:
+            assert e.startswith("ValueError: tnt: the ranks hold different model and optimizer variables"), e
+            assert "rank 1 has" in e and "same model" in e, e
+    else:
+        explained = [e for e in errors if "fell out of step in fit" in e and "tnt_distribute_dataset=False" in e]
+        assert explained, errors
+    assert time.monotonic() - start < 120

@@ -9,12 +9,14 @@ ranks (``metrics.py``), and callbacks that run, print and write per rank policy 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
+import re
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import keras
@@ -114,6 +116,27 @@ def _check_weights_path(path: str, sharded: bool) -> None:
     raise ValueError(f"tnt: Keras 3 weights files end in .weights.h5 (got {path!r}); {fix}")
 
 
+@contextlib.contextmanager
+def _explain_mismatch(what: str) -> Iterator[None]:
+    """Turns tnt-comm's collective mismatch inside a Keras loop into an error that says the usual
+    causes: ranks that run different numbers of steps, or different steps."""
+    try:
+        yield
+    except tf.errors.OpError as error:
+        if "collective mismatch" not in str(error):
+            raise
+        # Keep tnt-comm's sentence (both ranks' calls), not TF's node names around it.
+        found = re.search(r"collective mismatch:.*?same order\)", str(error), re.S)
+        detail = found.group(0) if found else str(error).strip().splitlines()[0]
+        raise RuntimeError(
+            f"tnt: the ranks fell out of step in {what}: {detail}\n"
+            "Every rank must run the same steps in the same order. Usual causes: datasets of different lengths "
+            "on different ranks (with tnt_distribute_dataset=False each rank's dataset must give the same number "
+            "of batches; a distributed dataset must not depend on the rank), different models, or a custom "
+            "train_step that takes rank-dependent branches."
+        ) from error
+
+
 class _RowCounter:
     """Wraps a model's predict function and counts the rows each batch yields, to put every rank's
     slices back in order.
@@ -163,10 +186,13 @@ def _sync_for_predict(model: keras.Model) -> None:
     Collective. Ranks may differ before predict: a model that was never fit has each rank's own
     random initial weights, and fit updates BatchNormalization's moving statistics from each rank's
     own slices. Only variables whose checksums differ somewhere are broadcast, so repeated
-    predictions on weights that are already equal cost one small allgather.
+    predictions on weights that are already equal cost two small allgathers.
     """
     variables = list({id(v): v for v in model.variables}.values())
-    if tnt_comm.size() == 1 or not variables:
+    if tnt_comm.size() == 1:
+        return
+    reduce.check_same_variables(variables, "model variables")
+    if not variables:
         return
     everyone = tnt_comm.allgather(_checksums(variables))  # (ranks, variables, 2)
     differ = np.any(everyone != everyone[0], axis=(0, 2))
@@ -442,19 +468,20 @@ class Model(keras.Model):
                 what="validation dataset",
             )
         self._prepare_variables(ds)
-        return self._model.fit(
-            ds,
-            epochs=epochs,
-            verbose=self._verbose(verbose),
-            callbacks=tnt_callbacks.wrap_all(callbacks, self),
-            validation_data=val_ds,
-            class_weight=class_weight,
-            initial_epoch=initial_epoch,
-            steps_per_epoch=steps_per_epoch,
-            validation_steps=validation_steps,
-            validation_freq=validation_freq,
-            shuffle=False,  # the dataset is already in the order every rank agrees on
-        )
+        with _explain_mismatch("fit"):
+            return self._model.fit(
+                ds,
+                epochs=epochs,
+                verbose=self._verbose(verbose),
+                callbacks=tnt_callbacks.wrap_all(callbacks, self),
+                validation_data=val_ds,
+                class_weight=class_weight,
+                initial_epoch=initial_epoch,
+                steps_per_epoch=steps_per_epoch,
+                validation_steps=validation_steps,
+                validation_freq=validation_freq,
+                shuffle=False,  # the dataset is already in the order every rank agrees on
+            )
 
     def evaluate(
         self,
@@ -482,14 +509,15 @@ class Model(keras.Model):
             what="evaluation dataset",
         )
         self._prepare_variables(ds)
-        return self._model.evaluate(
-            ds,
-            verbose=self._verbose(verbose),
-            steps=steps,
-            callbacks=tnt_callbacks.wrap_all(callbacks, self),
-            return_dict=return_dict,
-            **kwargs,
-        )
+        with _explain_mismatch("evaluate"):
+            return self._model.evaluate(
+                ds,
+                verbose=self._verbose(verbose),
+                steps=steps,
+                callbacks=tnt_callbacks.wrap_all(callbacks, self),
+                return_dict=return_dict,
+                **kwargs,
+            )
 
     def predict(
         self,
@@ -523,7 +551,8 @@ class Model(keras.Model):
         _sync_for_predict(inner)
         wrapped = tnt_callbacks.wrap_all(callbacks, self)
         if self._tnt_size == 1 or not tnt_distribute_dataset:
-            return inner.predict(ds, verbose=self._verbose(verbose), steps=steps, callbacks=wrapped)
+            with _explain_mismatch("predict"):
+                return inner.predict(ds, verbose=self._verbose(verbose), steps=steps, callbacks=wrapped)
         steps_per_execution = inner.steps_per_execution
         if steps_per_execution != 1:  # one call per global batch keeps the reassembly simple
             inner.steps_per_execution, inner.predict_function = 1, None
@@ -531,7 +560,8 @@ class Model(keras.Model):
         counter = _RowCounter(inner.predict_function)
         inner.predict_function = counter
         try:
-            local = inner.predict(ds, verbose=self._verbose(verbose), steps=steps, callbacks=wrapped)
+            with _explain_mismatch("predict"):
+                local = inner.predict(ds, verbose=self._verbose(verbose), steps=steps, callbacks=wrapped)
         finally:
             # The traced function stays for the next call, unless it was traced for one step only.
             inner.predict_function = counter.function if steps_per_execution == 1 else None

@@ -11,6 +11,7 @@ overlaps the rest of backprop.
 from __future__ import annotations
 
 import threading
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -140,9 +141,35 @@ def install_gradient_sum(model: keras.Model, size: int) -> None:
     optimizer._tnt_reduced = True
 
 
+def _signature(variables: Sequence[Any]) -> np.ndarray:
+    """Count, total bytes and a checksum of the shapes and dtypes of ``variables``."""
+    layout = ";".join(f"{np.dtype(v.dtype).name}{tuple(v.shape)}" for v in variables)
+    nbytes = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in variables)
+    return np.array([len(variables), nbytes, zlib.crc32(layout.encode())], dtype=np.int64)
+
+
+def check_same_variables(variables: Sequence[Any], what: str = "model and optimizer variables") -> None:
+    """Raises on every rank, naming a rank that differs, unless all ranks hold variables of the same
+    shapes and dtypes (a different model on one rank would otherwise surface as a bare mismatch)."""
+    if tnt_comm.size() == 1:
+        return
+    everyone = tnt_comm.allgather(_signature(variables))  # (ranks, 3)
+    differ = [r for r in range(everyone.shape[0]) if (everyone[r] != everyone[0]).any()]
+    if differ:
+        r = differ[0]
+        raise ValueError(
+            f"tnt: the ranks hold different {what}: rank 0 has {everyone[0][0]} variables of {everyone[0][1]} bytes, "
+            f"rank {r} has {everyone[r][0]} of {everyone[r][1]} bytes (equal counts mean different shapes or dtypes). "
+            "Every rank must build the same model and compile it with the same optimizer."
+        )
+
+
 def broadcast_variables(variables: Sequence[Any], root: int = 0) -> None:
     """Overwrites ``variables`` on every rank with the root's values, in one fused broadcast."""
-    if tnt_comm.size() == 1 or not variables:
+    if tnt_comm.size() == 1:
+        return
+    check_same_variables(variables)
+    if not variables:
         return
     values = [np.array(v.numpy(), order="C") for v in variables]  # keeps 0-d shapes
     payload = np.concatenate([a.reshape(-1).view(np.uint8) for a in values]) if values else np.empty(0, np.uint8)

@@ -1,0 +1,31 @@
+"""Ranks that disagree, on purpose: a different model on rank 1, or different numbers of steps.
+
+Every rank reports the error it got; none may hang.
+"""
+
+import sys
+
+import keras
+import tnt_keras as tnt
+from _job import CLASSES, FEATURES, build, compile_args, dataset, report
+
+case = sys.argv[1]
+error = None
+try:
+    if case == "model":
+        width = 8 if tnt.get_rank() == 0 else 9
+        inner = keras.Sequential(
+            [keras.Input((FEATURES,)), keras.layers.Dense(width, activation="relu"), keras.layers.Dense(CLASSES)]
+        )
+        model = tnt.Model(inner)
+        model.compile(**compile_args("sgd"))
+        model.fit(dataset(60, 12), epochs=1, verbose=0)
+    else:  # steps: undistributed datasets of different lengths
+        model = tnt.Model(build("functional"))
+        model.compile(**compile_args("sgd"))
+        rows = 60 if tnt.get_rank() == 0 else 84
+        model.fit(dataset(rows, 12), epochs=2, verbose=0, tnt_distribute_dataset=False)
+except Exception as e:  # noqa: BLE001 - the test reads what each rank got
+    error = f"{type(e).__name__}: {e}"
+report({"rank": tnt.get_rank(), "error": error})
+sys.exit(1 if error else 0)
