@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import json
 import os
 import re
@@ -116,6 +117,14 @@ def _check_weights_path(path: str, sharded: bool) -> None:
     raise ValueError(f"tnt: Keras 3 weights files end in .weights.h5 (got {path!r}); {fix}")
 
 
+def _accepts_keyword(function: Callable[..., Any], name: str) -> bool:
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
 @contextlib.contextmanager
 def _explain_mismatch(what: str) -> Iterator[None]:
     """Turns tnt-comm's collective mismatch inside a Keras loop into an error that says the usual
@@ -198,6 +207,29 @@ def _sync_for_predict(model: keras.Model) -> None:
     differ = np.any(everyone != everyone[0], axis=(0, 2))
     if differ.any():
         reduce.broadcast_variables([v for v, d in zip(variables, differ, strict=True) if d])
+
+
+def _warn_if_diverged(model: keras.Model) -> None:
+    """Warns when the trainable variables are not bitwise equal on every rank after ``fit``.
+
+    Collective. Summed gradients keep the ranks identical; a variable that differs was changed by
+    something else (a custom ``train_step`` assigning it, an optimizer that is not an attribute of
+    the model), and from then on the ranks train different models.
+    """
+    variables = list({id(v): v for v in model.trainable_variables}.values())
+    if tnt_comm.size() == 1 or not variables:
+        return
+    everyone = tnt_comm.allgather(_checksums(variables))  # (ranks, variables, 2)
+    differ = np.any(everyone != everyone[0], axis=(0, 2))
+    if differ.any():
+        names = [str(getattr(v, "path", v.name)) for v, d in zip(variables, differ, strict=True) if d]
+        logger.warning(
+            "after fit, %d trainable variable(s) differ between ranks (%s): something changed them without tnt's "
+            "gradient sum, such as a custom train_step that assigns variables itself or applies an optimizer the "
+            "model does not hold as an attribute. The ranks now hold different models; rank 0's is the one saved.",
+            len(names),
+            ", ".join(names[:3]) + (", ..." if len(names) > 3 else ""),
+        )
 
 
 @keras.saving.register_keras_serializable(package="tnt", name="Model")
@@ -304,15 +336,22 @@ class Model(keras.Model):
         inner = keras.saving.deserialize_keras_object(copy.deepcopy(inner_config), custom_objects=custom_objects)
         return cls(inner, name=config.get("name"))
 
-    def compile(self, optimizer: Any = "rmsprop", *args: Any, jit_compile: Any = "auto", **kwargs: Any) -> None:
-        """As ``keras.Model.compile``; XLA is refused since the collective op cannot run under it."""
+    def compile(self, *args: Any, jit_compile: Any = "auto", **kwargs: Any) -> None:
+        """As the wrapped model's ``compile`` (Keras' or the model's own override, whatever its
+        arguments); XLA is refused since the collective op cannot run under it."""
         if jit_compile is True:
             raise ValueError(
                 "tnt: jit_compile=True is not supported: XLA cannot run tnt's gradient collective. "
                 "Leave jit_compile unset (tnt compiles the step with jit_compile=False)."
             )
-        self._model.compile(optimizer, *args, jit_compile=False, **kwargs)
-        reduce.check_optimizer(self._model.optimizer)
+        inner = self._model
+        if _accepts_keyword(inner.compile, "jit_compile"):
+            inner.compile(*args, jit_compile=False, **kwargs)
+        else:  # a compile override with arguments of its own (several optimizers, say)
+            inner.compile(*args, **kwargs)
+            inner.jit_compile = False
+        for optimizer in reduce.model_optimizers(inner):
+            reduce.check_optimizer(optimizer)
         self.compiled = True
         self._install_hooks()
 
@@ -469,7 +508,7 @@ class Model(keras.Model):
             )
         self._prepare_variables(ds)
         with _explain_mismatch("fit"):
-            return self._model.fit(
+            history = self._model.fit(
                 ds,
                 epochs=epochs,
                 verbose=self._verbose(verbose),
@@ -482,6 +521,8 @@ class Model(keras.Model):
                 validation_freq=validation_freq,
                 shuffle=False,  # the dataset is already in the order every rank agrees on
             )
+            _warn_if_diverged(self._model)
+        return history
 
     def evaluate(
         self,

@@ -95,8 +95,19 @@ def check_optimizer(optimizer: Any) -> None:
         )
 
 
+def model_optimizers(model: keras.Model) -> list[keras.optimizers.Optimizer]:
+    """``model.optimizer`` and any other optimizer the model holds as an attribute (a custom
+    ``train_step`` may update parts of the model with optimizers of their own, as GANs do)."""
+    found: list[keras.optimizers.Optimizer] = []
+    for value in [getattr(model, "optimizer", None), *vars(model).values()]:
+        if isinstance(value, keras.optimizers.Optimizer) and all(value is not f for f in found):
+            found.append(value)
+    return found
+
+
 def install_gradient_sum(model: keras.Model, size: int) -> None:
-    """Wraps ``model.train_step`` and ``model.optimizer.apply`` to sum gradients over ranks.
+    """Wraps ``model.train_step``, and ``apply`` of every optimizer of the model, to sum gradients
+    over ranks.
 
     Idempotent; a recompiled model's new optimizer gets wrapped too. One rank needs neither.
     """
@@ -124,11 +135,14 @@ def install_gradient_sum(model: keras.Model, size: int) -> None:
         model.train_step = train_step
         model._tnt_step_state = state
 
-    optimizer = model.optimizer
-    check_optimizer(optimizer)
-    if getattr(optimizer, "_tnt_reduced", False):
-        return
     threshold = fusion_threshold_bytes()
+    for optimizer in model_optimizers(model):
+        check_optimizer(optimizer)
+        if not getattr(optimizer, "_tnt_reduced", False):
+            _sum_before_apply(optimizer, state, size, threshold)
+
+
+def _sum_before_apply(optimizer: keras.optimizers.Optimizer, state: StepState, size: int, threshold: int) -> None:
     original_apply = optimizer.apply
 
     def apply(grads: Sequence[Any], trainable_variables: Any = None) -> Any:
@@ -190,9 +204,9 @@ def barrier() -> None:
 
 def model_and_optimizer_variables(model: keras.Model) -> list[Any]:
     variables = list(model.variables)
-    optimizer = getattr(model, "optimizer", None)
-    if optimizer is not None and getattr(optimizer, "built", False):
-        variables += list(optimizer.variables)
+    for optimizer in model_optimizers(model):
+        if getattr(optimizer, "built", False):
+            variables += list(optimizer.variables)
     seen: set[int] = set()
     unique = []
     for v in variables:
