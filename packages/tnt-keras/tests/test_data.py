@@ -16,6 +16,7 @@ def test_datasets_and_errors(ranks: int) -> None:
         assert r["is_master"] == (rank == 0)
         assert r["numpy_err"] < TOL and r["numpy_eval_err"] < TOL and r["numpy_predict_err"] < TOL
         assert r["micro_err"] < TOL
+        assert r["steps_per_execution_err"] < TOL
         assert r["val_err"] < TOL and r["val_undistributed_err"] < TOL
         assert "val_loss" in r["validation_keys"]
         for key in ("shuffled_numpy_weights", "undistributed_weights", "unseeded_weights"):

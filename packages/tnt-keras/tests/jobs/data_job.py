@@ -50,6 +50,15 @@ results["numpy_eval_err"] = abs(
 results["numpy_predict_err"] = float(
     np.max(np.abs(serial.predict(x, batch_size=7, verbose=0) - model.predict(x, batch_size=7, verbose=0)))
 )
+# steps_per_execution > 1 (several steps per call of the traced function): equal to serial.
+serial = build("custom_step")
+serial.compile(**compile_args("adam"), steps_per_execution=3)
+serial.fit(dataset(75, 7, seed=3), epochs=2, verbose=0)
+model = tnt.Model(build("custom_step"))
+model.compile(**compile_args("adam"), steps_per_execution=3)
+model.fit(dataset(75, 7, seed=3), epochs=2, verbose=0)
+results["steps_per_execution_err"] = max_diff(serial.get_weights(), model.get_weights())
+
 # Shuffled numpy inputs and validation_split: every rank agrees.
 model = fresh()
 history = model.fit(x, y, batch_size=7, epochs=2, validation_split=0.2, verbose=0).history
