@@ -477,7 +477,7 @@ def plot(args: argparse.Namespace, summaries: dict[str, Summary], out: Path) -> 
         high = summary.samples_s_max - summary.samples_s
         ax.bar(i, summary.samples_s, color=colors[key], yerr=[[low], [high]], capsize=6)
         label = f"{summary.samples_s:,.0f}"
-        for name, base in (("Keras", keras), ("MWMS", mwms)):
+        for name, base in (("Keras", keras), ("MWMS", mwms), ("ceiling", summaries.get("ceiling"))):
             versus = ratio(summary, base)
             if versus is not None and base is not summary and (name == "Keras" or key == "tnt2"):
                 label += f"\n{versus:.2f}x {name}"
@@ -486,7 +486,7 @@ def plot(args: argparse.Namespace, summaries: dict[str, Summary], out: Path) -> 
         ax.axhline(value, color=color, linestyle="--", linewidth=1, label=f"target for tnt 2 ranks: {text}")
     if targets:
         ax.legend(loc="upper left", fontsize=9)
-    ax.set_xticks(range(len(keys)), [BY_KEY[k].label for k in keys])
+    ax.set_xticks(range(len(keys)), [BY_KEY[k].label.replace(", ", ",\n", 1) for k in keys])
     ax.set_ylabel("global samples/s (median; bars: min-max over rounds)")
     ax.set_ylim(0, top * 1.3)
     ax.grid(True, axis="y", alpha=0.3)
@@ -547,6 +547,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--out", type=Path, default=REPO / "docs" / "training.png", help="PNG plot (default: docs/training.png)"
     )
     parser.add_argument("--json", type=Path, default=None, help="also write all numbers to this JSON file")
+    parser.add_argument(
+        "--from-json",
+        type=Path,
+        default=None,
+        help="run nothing: print the tables and draw the plot from a file written by --json",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.passes, args.rounds, args.steps = 1, 2, 20
@@ -581,8 +587,22 @@ def run_all(args: argparse.Namespace) -> dict[str, list[Run]]:
     return results
 
 
+def from_json(args: argparse.Namespace) -> dict[str, Summary]:
+    """The summaries a run saved with --json, under that run's settings (kept in ``args``)."""
+    payload = json.loads(args.from_json.read_text())
+    for key in ("passes", "rounds", "steps", "batch"):
+        setattr(args, key, payload["settings"][key])
+    return {key: Summary(**fields) for key, fields in payload["summaries"].items()}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.from_json is not None:
+        summaries = from_json(args)
+        print_tables(args, summaries)
+        if plot(args, summaries, args.out):
+            print(f"plot: {args.out}")
+        return 0
     started = time.monotonic()
     with _ranks.terminate_as_interrupt():
         results = run_all(args)
