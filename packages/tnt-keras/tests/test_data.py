@@ -17,6 +17,7 @@ def test_datasets_and_errors(ranks: int) -> None:
         assert r["numpy_err"] < TOL and r["numpy_eval_err"] < TOL and r["numpy_predict_err"] < TOL
         assert r["micro_err"] < TOL
         assert r["steps_per_execution_err"] < TOL
+        assert r["dict_inputs_err"] < TOL and r["sparse_inputs_err"] < TOL
         assert r["val_err"] < TOL and r["val_undistributed_err"] < TOL
         assert "val_loss" in r["validation_keys"]
         for key in ("shuffled_numpy_weights", "undistributed_weights", "unseeded_weights"):

@@ -138,9 +138,18 @@ def slice_batches(ds: tf.data.Dataset, rank: int, size: int) -> tf.data.Dataset:
             extra = batch % size
             count = base + tf.cast(rank < extra, batch.dtype)
             start = rank * base + tf.minimum(rank, extra)
-        return tf.nest.map_structure(lambda t: t[start : start + count], data)
+        return tf.nest.map_structure(lambda t: _rows(t, start, count), data)
 
     return ds.map(take_slice)
+
+
+def _rows(t: Any, start: tf.Tensor, count: tf.Tensor) -> Any:
+    """Rows ``start .. start+count`` of a dense, ragged or sparse batch."""
+    if isinstance(t, tf.SparseTensor):  # not subscriptable; sliced by coordinates instead
+        dense_shape = tf.cast(t.dense_shape, tf.int64)
+        begin = tf.concat([[tf.cast(start, tf.int64)], tf.zeros_like(dense_shape[1:])], axis=0)
+        return tf.sparse.slice(t, begin, tf.concat([[tf.cast(count, tf.int64)], dense_shape[1:]], axis=0))
+    return t[start : start + count]
 
 
 def prepare(
