@@ -1,0 +1,41 @@
+"""The per-rank slice of every global batch (one process: slices for each rank are computed here)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tnt_keras import data
+
+
+def slices(ds: tf.data.Dataset, size: int) -> list[list[object]]:
+    """For every rank, the list of its batches."""
+    return [list(data.slice_batches(ds, rank, size).as_numpy_iterator()) for rank in range(size)]
+
+
+@pytest.mark.parametrize(("rows", "batch", "size"), [(12, 4, 4), (10, 10, 4), (11, 4, 3), (7, 7, 2)])
+def test_slices_cover_every_batch_once_in_order(rows: int, batch: int, size: int) -> None:
+    ds = tf.data.Dataset.range(rows).batch(batch)
+    per_rank = slices(ds, size)
+    assert len({len(batches) for batches in per_rank}) == 1  # every rank runs the same number of steps
+    for step, global_batch in enumerate(ds.as_numpy_iterator()):
+        parts = [per_rank[r][step] for r in range(size)]
+        np.testing.assert_array_equal(np.concatenate(parts), global_batch)
+        b = len(global_batch)
+        assert [len(p) for p in parts] == [b // size + (r < b % size) for r in range(size)]
+
+
+def test_ragged_sparse_and_dict_elements_are_sliced_alike() -> None:
+    ragged = tf.ragged.constant([[1], [2, 2], [3, 3, 3], [4], [5, 5]])
+    sparse = tf.sparse.from_dense(np.diag(np.arange(1, 6, dtype=np.float32)))
+    ds = tf.data.Dataset.from_tensor_slices(({"r": ragged, "s": sparse}, tf.range(5))).batch(5)
+    (first,), (second,) = (list(data.slice_batches(ds, rank, 2)) for rank in range(2))
+    assert first[0]["r"].to_list() == [[1], [2, 2], [3, 3, 3]] and second[0]["r"].to_list() == [[4], [5, 5]]
+    np.testing.assert_array_equal(first[1], [0, 1, 2])
+    dense = [tf.sparse.to_dense(part[0]["s"]).numpy() for part in (first, second)]
+    np.testing.assert_array_equal(np.concatenate(dense), np.diag(np.arange(1, 6, dtype=np.float32)))
+
+
+def test_a_batch_smaller_than_the_ranks_is_refused_up_front() -> None:
+    with pytest.raises(ValueError, match="cannot be split over 3 ranks"):
+        data.slice_batches(tf.data.Dataset.range(4).batch(2), 0, 3)
