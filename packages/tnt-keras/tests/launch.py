@@ -33,9 +33,16 @@ def tnt_launch() -> list[str]:
 
 
 def run(
-    job: str, ranks: int, *args: str, timeout: float = 300, env: dict[str, str] | None = None, check: bool = True
+    job: str,
+    ranks: int,
+    *args: str,
+    timeout: float = 300,
+    env: dict[str, str] | None = None,
+    check: bool = True,
+    launcher_args: tuple[str, ...] = (),
 ) -> Result:
-    """Starts ``jobs/<job>.py`` on ``ranks`` ranks; every rank writes ``rank<r>.json`` to TNT_TEST_OUT."""
+    """Starts ``jobs/<job>.py`` on ``ranks`` ranks (``launcher_args`` go to tnt-launch); every rank
+    writes ``rank<r>.json`` to TNT_TEST_OUT."""
     out_dir = Path(tempfile.mkdtemp(prefix=f"tnt-keras-{job}-"))
     full_env = dict(os.environ)
     full_env.update(
@@ -47,7 +54,7 @@ def run(
         }
     )
     full_env.update(env or {})
-    cmd = [*tnt_launch(), "-n", str(ranks), "--no-gpu", "--", str(JOBS / f"{job}.py"), *args]
+    cmd = [*tnt_launch(), "-n", str(ranks), "--no-gpu", *launcher_args, "--", str(JOBS / f"{job}.py"), *args]
     proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout, check=False)
     output = proc.stdout + proc.stderr
     results = []

@@ -1,7 +1,7 @@
-"""Distributed training equals serial Keras training, on 1, 2 and 3 real ranks."""
+"""Distributed training equals serial Keras training, on 1, 2 and 3 real ranks, over shared memory and TCP."""
 
 import pytest
-from launch import run
+from launch import Result, run
 
 TOL = 1e-6
 
@@ -9,7 +9,18 @@ TOL = 1e-6
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("ranks", [1, 2, 3])
 def test_training_equals_serial(ranks: int) -> None:
-    result = run("train_equal", ranks, timeout=400)
+    check_equal_training(run("train_equal", ranks, timeout=400), ranks)
+
+
+@pytest.mark.timeout(300)
+def test_training_over_tcp_equals_serial() -> None:
+    """The path between hosts: ranks connected by TCP instead of shared memory."""
+    result = run("train_equal", 2, timeout=280, launcher_args=("--transport", "tcp"))
+    assert [r["transports"] for r in result.ranks] == [["self", "tcp"], ["tcp", "self"]]
+    check_equal_training(result, 2)
+
+
+def check_equal_training(result: Result, ranks: int) -> None:
     first = result.ranks[0]["scenarios"]
     assert len(first) == 7
     for rank, data in enumerate(result.ranks):

@@ -1,6 +1,7 @@
 """Trains every kind of model against plain Keras on the same globally batched data."""
 
 import numpy as np
+import tnt_comm
 import tnt_keras as tnt
 from _job import build, compile_args, dataset, flat, history_diff, max_diff, report
 
@@ -41,4 +42,4 @@ for kind, opt, rows, batch in SCENARIOS:
         "predict_err": float(np.max(np.abs(serial.predict(plain, verbose=0) - model.predict(plain, verbose=0)))),
         "predict_rows": int(model.predict(plain, verbose=0).shape[0]),
     }
-report({"rank": tnt.get_rank(), "size": tnt.get_size(), "scenarios": results})
+report({"rank": tnt.get_rank(), "size": tnt.get_size(), "scenarios": results, "transports": tnt_comm.transports()})
