@@ -90,7 +90,7 @@ def _select(mode: str | None = None) -> None:
         mode = "auto"
     try:
         if _loaded is None:
-            _loaded = _build.load(_build.build())
+            _loaded = _build.load_best()
         _lib = _loaded
     except Exception as e:
         if mode == "async-op":

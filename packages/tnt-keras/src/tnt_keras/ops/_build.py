@@ -75,14 +75,49 @@ def _command(cxx: list[str], output: str) -> list[str]:
     ]
 
 
-def library_path(cxx: list[str]) -> Path:
-    """Where the library for this TF, Python, source, C ABI header and flags lives in the cache."""
-    import tensorflow as tf
+def _abi_digest() -> hashlib._Hash:
+    """A hash of what the binary's interface depends on: the op's source and tnt_comm's C ABI header."""
     import tnt_comm
 
     digest = hashlib.sha256()
     digest.update(SOURCE.read_bytes())
     digest.update((Path(tnt_comm.get_include()) / "tnt_comm" / "c_api.h").read_bytes())
+    return digest
+
+
+def prebuilt_path() -> Path:
+    """Where a wheel built with TensorFlow importable (``pip install --no-build-isolation``) keeps
+    the op it compiled: beside this file, named for the TF, Python and interface it was built for,
+    so that a later TF or tnt_comm simply does not find it and builds into the cache instead."""
+    import tensorflow as tf
+
+    name = f"tnt_ops-tf{tf.__version__}-{sys.implementation.cache_tag}-{_abi_digest().hexdigest()[:16]}.so"
+    return Path(__file__).with_name("prebuilt") / name
+
+
+def compile_to(target: Path) -> None:
+    """Compiles the op into ``target`` (used by the wheel's build hook)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _compile(compiler(), target)
+
+
+def load_best() -> ModuleType:
+    """Loads the op the wheel brought, if it matches this TF and tnt_comm; else the cached build,
+    compiling it first where needed."""
+    prebuilt = prebuilt_path()
+    if prebuilt.exists():
+        try:
+            return load(prebuilt)
+        except BuildError as e:
+            log.info("tnt_keras: the op built at install time does not load (%s); building it instead", e)
+    return load(build())
+
+
+def library_path(cxx: list[str]) -> Path:
+    """Where the library for this TF, Python, source, C ABI header and flags lives in the cache."""
+    import tensorflow as tf
+
+    digest = _abi_digest()
     digest.update("\0".join(_command(cxx, "OUT")).encode())
     name = f"tnt_ops-tf{tf.__version__}-{sys.implementation.cache_tag}-{digest.hexdigest()[:16]}.so"
     return cache_dir() / name
