@@ -22,7 +22,7 @@ def test_training_over_tcp_equals_serial() -> None:
 
 def check_equal_training(result: Result, ranks: int) -> None:
     first = result.ranks[0]["scenarios"]
-    assert len(first) == 7
+    assert len(first) == 9
     for rank, data in enumerate(result.ranks):
         assert data["size"] == ranks and data["rank"] == rank
         for name, s in data["scenarios"].items():

@@ -80,9 +80,50 @@ def sum_buckets(tensors: Sequence[Any], buckets: Sequence[Sequence[int]]) -> lis
 
 
 def sum_gradients(grads: Sequence[Any], fraction: Any, threshold: int) -> list[Any]:
-    """``sum over ranks of fraction * grad`` for every gradient, in fused buckets."""
-    scaled = [None if g is None else tf.convert_to_tensor(g) * tf.cast(fraction, g.dtype) for g in grads]
-    return sum_buckets(scaled, plan_buckets(scaled, threshold))
+    """``sum over ranks of fraction * grad`` for every gradient: dense ones in fused buckets, sparse
+    ones (``tf.IndexedSlices``, from embedding lookups) by gathering every rank's rows."""
+    scaled: list[Any] = [None] * len(grads)
+    for i, g in enumerate(grads):
+        if isinstance(g, tf.IndexedSlices):
+            scaled[i] = _gather_rows(g, fraction)
+        elif g is not None:
+            g = tf.convert_to_tensor(g)
+            scaled[i] = g * tf.cast(fraction, g.dtype)
+    dense = [None if isinstance(g, tf.IndexedSlices) else g for g in scaled]
+    summed = sum_buckets(dense, plan_buckets(dense, threshold))
+    return [s if isinstance(s, tf.IndexedSlices) else d for s, d in zip(scaled, summed, strict=True)]
+
+
+def _gather_rows(grad: tf.IndexedSlices, fraction: Any) -> tf.IndexedSlices:
+    """The sparse gradient of the global batch, with the rows serial training's gradient has.
+
+    Keras' optimizers update only the rows a sparse gradient names (other rows keep their moments),
+    and apply each listed row on its own, duplicates included. So a dense sum, or merging rows
+    serial training would keep apart, changes training. A gather's gradient (``Embedding``) lists
+    one row per lookup: every rank's rows are concatenated in rank order. A gradient whose rows
+    went through ``tf.unique`` (``embedding_lookup_sparse``, which Keras uses for sparse inputs)
+    lists each row once: the concatenation is merged the same way.
+    """
+    values = ops.allgatherv(grad.values * tf.cast(fraction, grad.values.dtype))
+    indices = ops.allgatherv(grad.indices)
+    if _from_unique(grad.indices):
+        indices, position = tf.unique(indices)
+        values = tf.math.unsorted_segment_sum(values, position, tf.size(indices))
+    return tf.IndexedSlices(values, indices, grad.dense_shape)
+
+
+_UNIQUE_OPS = frozenset({"Unique", "UniqueV2", "UniqueWithCounts", "UniqueWithCountsV2"})
+_PASS_THROUGH_OPS = frozenset({"Reshape", "Identity", "Cast", "Squeeze", "ExpandDims"})
+
+
+def _from_unique(indices: Any, depth: int = 0) -> bool:
+    """Whether traced ``indices`` come from a ``tf.unique`` (through reshapes); False when eager."""
+    op = getattr(indices, "op", None)
+    if op is None or depth > 8:
+        return False
+    if op.type in _UNIQUE_OPS:
+        return True
+    return op.type in _PASS_THROUGH_OPS and bool(op.inputs) and _from_unique(op.inputs[0], depth + 1)
 
 
 def check_optimizer(optimizer: Any) -> None:

@@ -73,6 +73,17 @@ class CustomStep(keras.Model):
         return {m.name: m.result() for m in self.metrics}
 
 
+TOKENS = 20
+
+
+@keras.saving.register_keras_serializable(package="tnt_tests")
+class ToTokens(keras.layers.Layer):
+    """Turns each feature into a token id, so that the embedding model can share the float data."""
+
+    def call(self, x: Any) -> Any:
+        return keras.ops.cast(keras.ops.abs(x) * 7, "int32") % TOKENS
+
+
 def build(kind: str, seed: int = 7) -> keras.Model:
     keras.utils.set_random_seed(seed)
     if kind == "functional":
@@ -87,6 +98,11 @@ def build(kind: str, seed: int = 7) -> keras.Model:
         return Subclassed()
     if kind == "custom_step":
         return CustomStep()
+    if kind == "embedding":  # sparse gradients (tf.IndexedSlices) for the embedding table
+        inputs = keras.Input((FEATURES,))
+        tokens = ToTokens()(inputs)
+        h = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(TOKENS, 4)(tokens))
+        return keras.Model(inputs, keras.layers.Dense(CLASSES)(h))
     raise ValueError(kind)
 
 

@@ -31,7 +31,16 @@ import tnt_comm
 
 from . import _build
 
-__all__ = ["REDUCTIONS", "SUPPORTED_DTYPES", "Pending", "allreduce", "backend", "finish", "start_allreduce"]
+__all__ = [
+    "REDUCTIONS",
+    "SUPPORTED_DTYPES",
+    "Pending",
+    "allgatherv",
+    "allreduce",
+    "backend",
+    "finish",
+    "start_allreduce",
+]
 
 log = logging.getLogger("tnt_keras")
 
@@ -161,6 +170,28 @@ def finish(p: Pending) -> tf.Tensor:
     if _loaded is None:  # only a Pending of the op backend has a handle, so the library is loaded
         raise RuntimeError("the allreduce op library is not loaded")
     return _loaded.tnt_allreduce_wait(handle, result, source)
+
+
+def allgatherv(x: tf.Tensor) -> tf.Tensor:
+    """Every rank's `x` concatenated along the first axis, in rank order; the ranks' first
+    dimensions may differ. Blocking (through tf.numpy_function): it serves sparse gradients,
+    whose row counts are known only at run time. Stateful, so it keeps its place in the order
+    of collectives like every start_allreduce."""
+    global _runtime_started
+    x = tf.convert_to_tensor(x)
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(
+            f"allgatherv does not support dtype {x.dtype.name}; supported dtypes: "
+            f"{', '.join(d.name for d in SUPPORTED_DTYPES)} (cast with tf.cast)"
+        )
+    if not _runtime_started:
+        tnt_comm.init()
+        _runtime_started = True
+    result = tf.numpy_function(
+        lambda a: tnt_comm.allgatherv(np.ascontiguousarray(a)), [x], Tout=x.dtype, stateful=True, name="TntAllgatherv"
+    )
+    result.set_shape([None, *x.shape[1:]])
+    return result
 
 
 def allreduce(x: tf.Tensor, op: str = "sum") -> tf.Tensor:
