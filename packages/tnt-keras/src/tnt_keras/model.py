@@ -352,8 +352,27 @@ class Model(keras.Model):
             inner.jit_compile = False
         for optimizer in reduce.model_optimizers(inner):
             reduce.check_optimizer(optimizer)
+        self._warn_inexact_losses()
         self.compiled = True
         self._install_hooks()
+
+    def _warn_inexact_losses(self) -> None:
+        """Gradients are scaled by each rank's share of the batch, which is exact for losses that are
+        means over the batch; not for sums, nor for means divided by the summed sample weights."""
+        if self._tnt_size == 1:
+            return
+        losses = [loss for loss in tf.nest.flatten(getattr(self._model, "loss", None)) if loss is not None]
+        for loss in losses:
+            reduction = getattr(loss, "reduction", None)
+            if reduction in ("sum", "mean_with_sample_weight"):
+                logger.warning(
+                    "the loss %s has reduction=%r: tnt weights each rank's gradient by its share of the global "
+                    "batch, which equals serial training for the reductions 'sum_over_batch_size' (Keras' "
+                    "default) and 'mean', not for %r. Training will differ from serial training.",
+                    getattr(loss, "name", type(loss).__name__),
+                    reduction,
+                    reduction,
+                )
 
     def get_compile_config(self) -> dict[str, Any]:
         return self._model.get_compile_config()

@@ -150,4 +150,9 @@ bn = tnt.Model(keras.Sequential([keras.Input((6,)), keras.layers.BatchNormalizat
 bn.compile(**compile_args("sgd"))
 bn.fit(dataset(24, 12, shuffle=False).unbatch().batch(12, drop_remainder=True), verbose=0)
 results["bn_warning"] = "BatchNormalization" in log.getvalue()
+
+# A summed loss cannot be weighted by each rank's share of the batch: compile warns.
+summed = tnt.Model(build("functional"))
+summed.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum"))
+results["sum_loss_warning"] = "reduction='sum'" in log.getvalue()
 report(results)
