@@ -178,17 +178,6 @@ def _build_for_predict(model: keras.Model, element_spec: Any) -> None:
     keras_backend.compute_output_spec(model, symbolic, training=False)
 
 
-def _checksums(variables: list[Any]) -> np.ndarray:
-    """A 64-bit checksum (crc32 and adler32) of every variable's bytes: about as fast as copying them."""
-    import zlib
-
-    sums = np.empty((len(variables), 2), dtype=np.int64)  # tnt_comm has no uint32
-    for i, variable in enumerate(variables):
-        raw = np.ascontiguousarray(variable.numpy()).reshape(-1).view(np.uint8)
-        sums[i] = zlib.crc32(raw), zlib.adler32(raw)
-    return sums
-
-
 def _sync_for_predict(model: keras.Model) -> None:
     """Gives every rank rank 0's model variables (not the optimizer's: predict needs none).
 
@@ -197,16 +186,16 @@ def _sync_for_predict(model: keras.Model) -> None:
     own slices. Only variables whose checksums differ somewhere are broadcast, so repeated
     predictions on weights that are already equal cost two small allgathers.
     """
-    variables = list({id(v): v for v in model.variables}.values())
+    variables = reduce.unique_variables(model.variables)
     if tnt_comm.size() == 1:
         return
     reduce.check_same_variables(variables, "model variables")
     if not variables:
         return
-    everyone = tnt_comm.allgather(_checksums(variables))  # (ranks, variables, 2)
-    differ = np.any(everyone != everyone[0], axis=(0, 2))
-    if differ.any():
-        reduce.broadcast_variables([v for v, d in zip(variables, differ, strict=True) if d])
+    differ = reduce.differing_variables(variables)
+    if any(differ):
+        stale = [v for v, d in zip(variables, differ, strict=True) if d]
+        reduce.broadcast_variables(stale, checked=True)
 
 
 def _warn_if_diverged(model: keras.Model) -> None:
@@ -216,12 +205,11 @@ def _warn_if_diverged(model: keras.Model) -> None:
     something else (a custom ``train_step`` assigning it, an optimizer that is not an attribute of
     the model), and from then on the ranks train different models.
     """
-    variables = list({id(v): v for v in model.trainable_variables}.values())
+    variables = reduce.unique_variables(model.trainable_variables)
     if tnt_comm.size() == 1 or not variables:
         return
-    everyone = tnt_comm.allgather(_checksums(variables))  # (ranks, variables, 2)
-    differ = np.any(everyone != everyone[0], axis=(0, 2))
-    if differ.any():
+    differ = reduce.differing_variables(variables)
+    if any(differ):
         names = [str(getattr(v, "path", v.name)) for v, d in zip(variables, differ, strict=True) if d]
         logger.warning(
             "after fit, %d trainable variable(s) differ between ranks (%s): something changed them without tnt's "

@@ -196,10 +196,16 @@ def _sum_before_apply(optimizer: keras.optimizers.Optimizer, state: StepState, s
     optimizer._tnt_reduced = True
 
 
+def unique_variables(variables: Sequence[Any]) -> list[Any]:
+    """``variables`` in order, each once (layers and optimizers may share a variable)."""
+    return list({id(v): v for v in variables}.values())
+
+
 def _signature(variables: Sequence[Any]) -> np.ndarray:
     """Count, total bytes and a checksum of the shapes and dtypes of ``variables``."""
-    layout = ";".join(f"{np.dtype(v.dtype).name}{tuple(v.shape)}" for v in variables)
-    nbytes = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in variables)
+    dtypes = [tf.as_dtype(v.dtype) for v in variables]  # also bfloat16, which numpy cannot name
+    layout = ";".join(f"{d.name}{tuple(v.shape)}" for v, d in zip(variables, dtypes, strict=True))
+    nbytes = sum(int(np.prod(v.shape)) * d.size for v, d in zip(variables, dtypes, strict=True))
     return np.array([len(variables), nbytes, zlib.crc32(layout.encode())], dtype=np.int64)
 
 
@@ -219,11 +225,27 @@ def check_same_variables(variables: Sequence[Any], what: str = "model and optimi
         )
 
 
-def broadcast_variables(variables: Sequence[Any], root: int = 0) -> None:
-    """Overwrites ``variables`` on every rank with the root's values, in one fused broadcast."""
+def differing_variables(variables: Sequence[Any]) -> list[bool]:
+    """Collective: for each of ``variables`` (the same layout on every rank), whether its value is
+    not bitwise equal on all ranks. Compares 64-bit checksums (crc32 and adler32 of the bytes),
+    which costs about one copy of the values and one small allgather."""
+    sums = np.empty((len(variables), 2), dtype=np.int64)  # tnt_comm has no uint32
+    for i, variable in enumerate(variables):
+        raw = np.ascontiguousarray(variable.numpy()).reshape(-1).view(np.uint8)
+        sums[i] = zlib.crc32(raw), zlib.adler32(raw)
+    everyone = tnt_comm.allgather(sums)  # (ranks, variables, 2)
+    return [bool(d) for d in np.any(everyone != everyone[0], axis=(0, 2))]
+
+
+def broadcast_variables(variables: Sequence[Any], root: int = 0, *, checked: bool = False) -> None:
+    """Overwrites ``variables`` on every rank with the root's values, in one fused broadcast.
+
+    First makes sure every rank holds the same layout, unless the caller has (``checked``).
+    """
     if tnt_comm.size() == 1:
         return
-    check_same_variables(variables)
+    if not checked:
+        check_same_variables(variables)
     if not variables:
         return
     values = [np.array(v.numpy(), order="C") for v in variables]  # keeps 0-d shapes
@@ -248,10 +270,4 @@ def model_and_optimizer_variables(model: keras.Model) -> list[Any]:
     for optimizer in model_optimizers(model):
         if getattr(optimizer, "built", False):
             variables += list(optimizer.variables)
-    seen: set[int] = set()
-    unique = []
-    for v in variables:
-        if id(v) not in seen:
-            seen.add(id(v))
-            unique.append(v)
-    return unique
+    return unique_variables(variables)

@@ -21,9 +21,9 @@ broadcasts: list[int] = []
 original_broadcast = tnt_reduce.broadcast_variables
 
 
-def counting_broadcast(variables: Any, root: int = 0) -> None:
+def counting_broadcast(variables: Any, root: int = 0, **kwargs: Any) -> None:
     broadcasts.append(len(variables))
-    original_broadcast(variables, root)
+    original_broadcast(variables, root, **kwargs)
 
 
 tnt_reduce.broadcast_variables = counting_broadcast

@@ -113,14 +113,26 @@ def _select(mode: str | None = None) -> None:
         _lib = None
 
 
+def _start_runtime() -> None:
+    """Connects through the Python API on first use, which also registers the finalizer."""
+    global _runtime_started
+    if not _runtime_started:
+        tnt_comm.init()
+        _runtime_started = True
+
+
 def _check(x: tf.Tensor, op: str) -> None:
-    if x.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(
-            f"allreduce does not support dtype {x.dtype.name}; supported dtypes: "
-            f"{', '.join(d.name for d in SUPPORTED_DTYPES)} (cast with tf.cast)"
-        )
+    _check_dtype(x, "allreduce")
     if op not in REDUCTIONS:
         raise ValueError(f"unknown reduction op {op!r}; use one of {', '.join(REDUCTIONS)}")
+
+
+def _check_dtype(x: tf.Tensor, what: str) -> None:
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(
+            f"{what} does not support dtype {x.dtype.name}; supported dtypes: "
+            f"{', '.join(d.name for d in SUPPORTED_DTYPES)} (cast with tf.cast)"
+        )
 
 
 def _numpy_allreduce(a: np.ndarray, op: str) -> np.ndarray:
@@ -133,12 +145,9 @@ def start_allreduce(x: tf.Tensor, op: str = "sum") -> Pending:
     All ranks must start the same allreduces (dtype, shape, op) in the same order; a mismatch or a
     dead peer makes ``finish`` raise a ``tf.errors.OpError`` instead of hanging.
     """
-    global _runtime_started
     x = tf.convert_to_tensor(x)
     _check(x, op)
-    if not _runtime_started:  # connect through the Python API, which also registers the finalizer
-        tnt_comm.init()
-        _runtime_started = True
+    _start_runtime()
     if _lib is not None:
         result, handle = _lib.tnt_allreduce_start(x, reduction=op)
         return Pending(handle, result, x)
@@ -177,16 +186,9 @@ def allgatherv(x: tf.Tensor) -> tf.Tensor:
     dimensions may differ. Blocking (through tf.numpy_function): it serves sparse gradients,
     whose row counts are known only at run time. Stateful, so it keeps its place in the order
     of collectives like every start_allreduce."""
-    global _runtime_started
     x = tf.convert_to_tensor(x)
-    if x.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(
-            f"allgatherv does not support dtype {x.dtype.name}; supported dtypes: "
-            f"{', '.join(d.name for d in SUPPORTED_DTYPES)} (cast with tf.cast)"
-        )
-    if not _runtime_started:
-        tnt_comm.init()
-        _runtime_started = True
+    _check_dtype(x, "allgatherv")
+    _start_runtime()
     result = tf.numpy_function(
         lambda a: tnt_comm.allgatherv(np.ascontiguousarray(a)), [x], Tout=x.dtype, stateful=True, name="TntAllgatherv"
     )
