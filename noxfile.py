@@ -13,7 +13,17 @@ LAUNCH = ROOT / "packages" / "tnt-launch"
 KERAS = ROOT / "packages" / "tnt-keras"
 TEST_DEPS = ["pytest>=8", "pytest-timeout", "hypothesis", "psutil", "rich"]
 
-nox.options.sessions = ["lint", "comm", "comm_cpp", "comm_asan", "comm_tsan", "launch", "keras", "integration"]
+nox.options.sessions = [
+    "lint",
+    "comm",
+    "comm_static",
+    "comm_cpp",
+    "comm_asan",
+    "comm_tsan",
+    "launch",
+    "keras",
+    "integration",
+]
 nox.options.reuse_existing_virtualenvs = True
 
 
@@ -43,6 +53,23 @@ def lint(session: nox.Session) -> None:
 def comm(session: nox.Session) -> None:
     """tnt-comm's Python tests: real ranks, every collective, failures."""
     install_comm(session)
+    session.install(*TEST_DEPS, "ml_dtypes")
+    session.run("pytest", str(COMM / "tests"), "-q", "-rs", *session.posargs)
+
+
+@nox.session
+def comm_static(session: nox.Session) -> None:
+    """tnt-comm linked as HPC compiler modules link it (libstdc++ static): every Python test, exports."""
+    session.install("scikit-build-core>=0.10", "pybind11>=2.12", "cmake", "ninja", "numpy")
+    session.install(
+        "--no-build-isolation",
+        "-C", "build-dir=build/static-libstdcxx",
+        "-C", "cmake.define.CMAKE_SHARED_LINKER_FLAGS=-static-libstdc++",
+        "-C", "cmake.define.CMAKE_MODULE_LINKER_FLAGS=-static-libstdc++",
+        str(COMM),
+    )  # fmt: skip
+    # The build must really carry its own C++ runtime, or this session proves nothing.
+    session.run("python", str(COMM / "tests" / "static_runtime_check.py"))
     session.install(*TEST_DEPS, "ml_dtypes")
     session.run("pytest", str(COMM / "tests"), "-q", "-rs", *session.posargs)
 
