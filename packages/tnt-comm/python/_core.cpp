@@ -23,6 +23,15 @@ struct View {
 };
 
 DType dtype_of(const py::array& a, const char* name) {
+  // Byte-swapped data would be reduced as if native: refuse it. ('|' and '=' are native.)
+  const char order = a.dtype().byteorder();
+  constexpr char kForeign = __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__ ? '>' : '<';
+  if (order == kForeign) {
+    const std::string name_str = py::str(a.dtype().attr("name")).cast<std::string>();
+    throw py::type_error(std::string(name) + " has dtype " + py::str(a.dtype().attr("str")).cast<std::string>() +
+                         ", whose byte order is not this machine's; convert it with .astype('" + name_str +
+                         "') (tnt_comm reduces values in native byte order only)");
+  }
   switch (a.dtype().num()) {
     case py::detail::npy_api::NPY_FLOAT_: return DType::float32;
     case py::detail::npy_api::NPY_DOUBLE_: return DType::float64;
@@ -131,7 +140,7 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("size", &tnt::Group::size)
       .def_property_readonly("ranks", &tnt::Group::world_ranks);
 
-  m.def("world", [] { return std::shared_ptr<tnt::Group>(std::shared_ptr<tnt::Group>{}, &tnt::Runtime::init().world()); });
+  m.def("world", [] { return tnt::Runtime::init().world_group(); });
   m.def("new_group", [](std::vector<int> ranks) { return tnt::Runtime::init().new_group(std::move(ranks)); });
 
   // Collectives take numpy arrays (the Python layer turns other buffers into arrays without

@@ -26,7 +26,7 @@ std::uint64_t hash_ranks(const std::vector<int>& ranks) {
 }  // namespace
 
 Group::Group(Runtime& runtime, std::vector<int> world_ranks)
-    : runtime_(runtime), ranks_(std::move(world_ranks)) {
+    : runtime_(runtime.weak_from_this()), world_rank_(runtime.rank()), ranks_(std::move(world_ranks)) {
   if (ranks_.empty()) throw InvalidArgument("a group needs at least one rank");
   std::vector<int> sorted = ranks_;
   std::sort(sorted.begin(), sorted.end());
@@ -45,14 +45,23 @@ Group::Group(Runtime& runtime, std::vector<int> world_ranks)
   recv_seq_.assign(ranks_.size(), 0);
 }
 
-const std::shared_ptr<const Members>& Group::members() {
+std::shared_ptr<Runtime> Group::live(const char* what) const {
+  std::shared_ptr<Runtime> rt = runtime_.lock();
+  if (!rt) {
+    throw Error(std::string(what) + ": tnt_comm was finalized; this group (and every collective) "
+                "can no longer be used in this process");
+  }
+  return rt;
+}
+
+const std::shared_ptr<const Members>& Group::members(Runtime& rt) {
   if (members_) return members_;
   auto m = std::make_shared<Members>();
-  m->fabric = &runtime_.fabric();
+  m->fabric = &rt.fabric();
   m->world_ranks = ranks_;
   m->me = my_index_;
   m->channels.reserve(ranks_.size());
-  for (int r : ranks_) m->channels.push_back(r == runtime_.rank() ? nullptr : runtime_.channel(r));
+  for (int r : ranks_) m->channels.push_back(r == world_rank_ ? nullptr : rt.channel(r));
   members_ = std::move(m);
   return members_;
 }
@@ -72,7 +81,7 @@ Descriptor Group::next(std::uint32_t kind, DType dtype, ReduceOp op, int root, s
 void Group::check(const char* what, DType dtype, std::size_t count, const void* a,
                   const void* b) const {
   if (my_index_ < 0) {
-    throw InvalidArgument(std::string(what) + ": this rank (" + std::to_string(runtime_.rank()) +
+    throw InvalidArgument(std::string(what) + ": this rank (" + std::to_string(world_rank_) +
                           ") is not a member of the group");
   }
   if (!is_valid(dtype)) throw InvalidArgument(std::string(what) + ": unknown dtype");
@@ -88,44 +97,46 @@ void Group::check_peer(int peer, const char* what) const {
   }
 }
 
-Work Group::submit(const std::shared_ptr<Operation>& op, bool background, Callback on_done) {
+Work Group::submit(Runtime& rt, const std::shared_ptr<Operation>& op, bool background,
+                   Callback on_done) {
   if (on_done) op->set_callback(std::move(on_done));
-  runtime_.engine().submit(op, background);
-  return Work(op, &runtime_.engine());
+  rt.engine().submit(op, background);
+  return Work(op, runtime_);
 }
 
-std::shared_ptr<Operation> Group::allreduce_op(const void* in, void* out, std::size_t count,
+std::shared_ptr<Operation> Group::allreduce_op(Runtime& rt, const void* in, void* out, std::size_t count,
                                                DType dtype, ReduceOp op) {
   check("allreduce", dtype, count, in, out);
   if (!is_valid(op)) throw InvalidArgument("allreduce: unknown reduction operator");
   Descriptor d = next(static_cast<std::uint32_t>(Kind::allreduce), dtype, op, 0, count);
   const std::size_t bytes = count * dtype_size(dtype);
   if (bytes <= kOneShotBytes && size() <= 8) {
-    return make_allreduce_one_shot(members(), d, in, out, count, dtype, op);
+    return make_allreduce_one_shot(members(rt), d, in, out, count, dtype, op);
   }
-  return make_allreduce_direct(members(), d, in, out, count, dtype, op);
+  return make_allreduce_direct(members(rt), d, in, out, count, dtype, op);
 }
 
 Work Group::allreduce_async(const void* in, void* out, std::size_t count, DType dtype, ReduceOp op,
                             Callback on_done) {
-  return submit(allreduce_op(in, out, count, dtype, op), true, std::move(on_done));
+  auto rt = live("allreduce");
+  return submit(*rt, allreduce_op(*rt, in, out, count, dtype, op), true, std::move(on_done));
 }
 
-std::shared_ptr<Operation> Group::broadcast_op(void* buf, std::size_t count, DType dtype, int root) {
+std::shared_ptr<Operation> Group::broadcast_op(Runtime& rt, void* buf, std::size_t count, DType dtype, int root) {
   check("broadcast", dtype, count, buf, buf);
   check_peer(root, "broadcast root");
   Descriptor d = next(static_cast<std::uint32_t>(Kind::broadcast), dtype, ReduceOp::sum, root, count);
-  return make_broadcast(members(), d, buf, count * dtype_size(dtype), root);
+  return make_broadcast(members(rt), d, buf, count * dtype_size(dtype), root);
 }
 
-std::shared_ptr<Operation> Group::allgather_op(const void* in, void* out, std::size_t count, DType dtype) {
+std::shared_ptr<Operation> Group::allgather_op(Runtime& rt, const void* in, void* out, std::size_t count, DType dtype) {
   check("allgather", dtype, count, in, out);
   Descriptor d = next(static_cast<std::uint32_t>(Kind::allgather), dtype, ReduceOp::sum, 0, count);
   std::vector<std::size_t> bytes(ranks_.size(), count * dtype_size(dtype));
-  return make_allgatherv(members(), d, in, out, std::move(bytes));
+  return make_allgatherv(members(rt), d, in, out, std::move(bytes));
 }
 
-std::shared_ptr<Operation> Group::allgatherv_op(const void* in, void* out, const std::vector<std::size_t>& counts,
+std::shared_ptr<Operation> Group::allgatherv_op(Runtime& rt, const void* in, void* out, const std::vector<std::size_t>& counts,
                              DType dtype) {
   if (counts.size() != ranks_.size()) {
     throw InvalidArgument("allgatherv: counts has " + std::to_string(counts.size()) +
@@ -139,24 +150,24 @@ std::shared_ptr<Operation> Group::allgatherv_op(const void* in, void* out, const
   Descriptor d = next(static_cast<std::uint32_t>(Kind::allgatherv), dtype, ReduceOp::sum, 0, total);
   std::vector<std::size_t> bytes(counts.size());
   for (std::size_t i = 0; i < counts.size(); ++i) bytes[i] = counts[i] * dtype_size(dtype);
-  return make_allgatherv(members(), d, in, out, std::move(bytes));
+  return make_allgatherv(members(rt), d, in, out, std::move(bytes));
 }
 
-std::shared_ptr<Operation> Group::reduce_scatter_op(const void* in, void* out, std::size_t count,
+std::shared_ptr<Operation> Group::reduce_scatter_op(Runtime& rt, const void* in, void* out, std::size_t count,
                                                     DType dtype, ReduceOp op) {
   check("reduce_scatter", dtype, count, in, out);
   if (!is_valid(op)) throw InvalidArgument("reduce_scatter: unknown reduction operator");
   Descriptor d = next(static_cast<std::uint32_t>(Kind::reduce_scatter), dtype, op, 0, count);
-  return make_reduce_scatter(members(), d, in, out, count, dtype, op);
+  return make_reduce_scatter(members(rt), d, in, out, count, dtype, op);
 }
 
-std::shared_ptr<Operation> Group::barrier_op() {
+std::shared_ptr<Operation> Group::barrier_op(Runtime& rt) {
   check("barrier", DType::uint8, 0, nullptr, nullptr);
   Descriptor d = next(static_cast<std::uint32_t>(Kind::barrier), DType::uint8, ReduceOp::sum, 0, 0);
-  return make_barrier(members(), d);
+  return make_barrier(members(rt), d);
 }
 
-std::shared_ptr<Operation> Group::send_op(const void* buf, std::size_t count, DType dtype, int peer) {
+std::shared_ptr<Operation> Group::send_op(Runtime& rt, const void* buf, std::size_t count, DType dtype, int peer) {
   check("send", dtype, count, buf, buf);
   check_peer(peer, "send");
   if (peer == my_index_) throw InvalidArgument("send: a rank cannot send to itself");
@@ -167,10 +178,10 @@ std::shared_ptr<Operation> Group::send_op(const void* buf, std::size_t count, DT
   d.dtype = static_cast<std::int32_t>(dtype);
   d.root = my_index_;
   d.count = count;
-  return make_send(members(), d, buf, count * dtype_size(dtype), peer);
+  return make_send(members(rt), d, buf, count * dtype_size(dtype), peer);
 }
 
-std::shared_ptr<Operation> Group::recv_op(void* buf, std::size_t count, DType dtype, int peer) {
+std::shared_ptr<Operation> Group::recv_op(Runtime& rt, void* buf, std::size_t count, DType dtype, int peer) {
   check("recv", dtype, count, buf, buf);
   check_peer(peer, "recv");
   if (peer == my_index_) throw InvalidArgument("recv: a rank cannot receive from itself");
@@ -181,54 +192,73 @@ std::shared_ptr<Operation> Group::recv_op(void* buf, std::size_t count, DType dt
   d.dtype = static_cast<std::int32_t>(dtype);
   d.root = peer;
   d.count = count;
-  return make_recv(members(), d, buf, count * dtype_size(dtype), peer);
+  return make_recv(members(rt), d, buf, count * dtype_size(dtype), peer);
 }
 
 Work Group::broadcast_async(void* buf, std::size_t count, DType dtype, int root, Callback on_done) {
-  return submit(broadcast_op(buf, count, dtype, root), true, std::move(on_done));
+  auto rt = live("broadcast");
+  return submit(*rt, broadcast_op(*rt, buf, count, dtype, root), true, std::move(on_done));
 }
 Work Group::allgather_async(const void* in, void* out, std::size_t count, DType dtype) {
-  return submit(allgather_op(in, out, count, dtype), true);
+  auto rt = live("allgather");
+  return submit(*rt, allgather_op(*rt, in, out, count, dtype), true);
 }
 Work Group::allgatherv_async(const void* in, void* out, const std::vector<std::size_t>& counts,
                              DType dtype) {
-  return submit(allgatherv_op(in, out, counts, dtype), true);
+  auto rt = live("allgatherv");
+  return submit(*rt, allgatherv_op(*rt, in, out, counts, dtype), true);
 }
 Work Group::reduce_scatter_async(const void* in, void* out, std::size_t count, DType dtype,
                                  ReduceOp op) {
-  return submit(reduce_scatter_op(in, out, count, dtype, op), true);
+  auto rt = live("reduce_scatter");
+  return submit(*rt, reduce_scatter_op(*rt, in, out, count, dtype, op), true);
 }
-Work Group::barrier_async() { return submit(barrier_op(), true); }
+Work Group::barrier_async() {
+  auto rt = live("barrier");
+  return submit(*rt, barrier_op(*rt), true);
+}
 Work Group::send_async(const void* buf, std::size_t count, DType dtype, int peer) {
-  return submit(send_op(buf, count, dtype, peer), true);
+  auto rt = live("send");
+  return submit(*rt, send_op(*rt, buf, count, dtype, peer), true);
 }
 Work Group::recv_async(void* buf, std::size_t count, DType dtype, int peer) {
-  return submit(recv_op(buf, count, dtype, peer), true);
+  auto rt = live("recv");
+  return submit(*rt, recv_op(*rt, buf, count, dtype, peer), true);
 }
 
 // Blocking forms drive the operation on the calling thread: no hand-off to the progress thread.
 void Group::allreduce(const void* in, void* out, std::size_t count, DType dtype, ReduceOp op) {
-  submit(allreduce_op(in, out, count, dtype, op), false).wait();
+  auto rt = live("allreduce");
+  submit(*rt, allreduce_op(*rt, in, out, count, dtype, op), false).wait();
 }
 void Group::broadcast(void* buf, std::size_t count, DType dtype, int root) {
-  submit(broadcast_op(buf, count, dtype, root), false).wait();
+  auto rt = live("broadcast");
+  submit(*rt, broadcast_op(*rt, buf, count, dtype, root), false).wait();
 }
 void Group::allgather(const void* in, void* out, std::size_t count, DType dtype) {
-  submit(allgather_op(in, out, count, dtype), false).wait();
+  auto rt = live("allgather");
+  submit(*rt, allgather_op(*rt, in, out, count, dtype), false).wait();
 }
 void Group::allgatherv(const void* in, void* out, const std::vector<std::size_t>& counts,
                        DType dtype) {
-  submit(allgatherv_op(in, out, counts, dtype), false).wait();
+  auto rt = live("allgatherv");
+  submit(*rt, allgatherv_op(*rt, in, out, counts, dtype), false).wait();
 }
 void Group::reduce_scatter(const void* in, void* out, std::size_t count, DType dtype, ReduceOp op) {
-  submit(reduce_scatter_op(in, out, count, dtype, op), false).wait();
+  auto rt = live("reduce_scatter");
+  submit(*rt, reduce_scatter_op(*rt, in, out, count, dtype, op), false).wait();
 }
-void Group::barrier() { submit(barrier_op(), false).wait(); }
+void Group::barrier() {
+  auto rt = live("barrier");
+  submit(*rt, barrier_op(*rt), false).wait();
+}
 void Group::send(const void* buf, std::size_t count, DType dtype, int peer) {
-  submit(send_op(buf, count, dtype, peer), false).wait();
+  auto rt = live("send");
+  submit(*rt, send_op(*rt, buf, count, dtype, peer), false).wait();
 }
 void Group::recv(void* buf, std::size_t count, DType dtype, int peer) {
-  submit(recv_op(buf, count, dtype, peer), false).wait();
+  auto rt = live("recv");
+  submit(*rt, recv_op(*rt, buf, count, dtype, peer), false).wait();
 }
 
 }  // namespace tnt

@@ -15,7 +15,15 @@ namespace {
 
 // The one process-wide runtime (DESIGN.md: the only global mutable state of tnt-comm).
 std::mutex g_mutex;
-std::unique_ptr<Runtime> g_runtime;
+std::shared_ptr<Runtime> g_runtime;
+bool g_finalized = false;
+
+void refuse_after_finalize() {
+  if (g_finalized) {
+    throw Error("tnt_comm was finalized: no collective can run after finalize(), and the runtime "
+                "cannot start again in this process (call finalize() once, after the last collective)");
+  }
+}
 
 const char* env(const char* name) {
   const char* v = std::getenv(name);
@@ -48,8 +56,9 @@ Identity Identity::from_environment() {
   if (const char* t = env("TNT_TIMEOUT_S")) {
     char* end = nullptr;
     id.timeout_s = std::strtod(t, &end);
-    if (*end != '\0' || id.timeout_s <= 0) {
-      throw InvalidArgument(std::string("TNT_TIMEOUT_S=") + t + " is not a positive number of seconds");
+    if (*end != '\0' || !(id.timeout_s > 0)) {
+      throw InvalidArgument(std::string("TNT_TIMEOUT_S=") + t +
+                            " is not a positive number of seconds (inf: no limit)");
     }
   }
   if (id.size == 1) return id;
@@ -95,9 +104,6 @@ Runtime::Runtime(const Identity& identity) : identity_(identity) {
   }
   const bool oversubscribed = identity_.local_size > cpus_available();
   engine_ = std::make_unique<Engine>(*fabric_, identity_.timeout_s, oversubscribed);
-  std::vector<int> all(static_cast<std::size_t>(identity_.size));
-  for (int r = 0; r < identity_.size; ++r) all[static_cast<std::size_t>(r)] = r;
-  world_ = std::make_unique<Group>(*this, std::move(all));
 }
 
 Runtime::~Runtime() {
@@ -106,16 +112,33 @@ Runtime::~Runtime() {
   fabric_->shutdown();
 }
 
+void Runtime::start(const Identity& identity) {
+  refuse_after_finalize();
+  if (g_runtime) return;
+  std::shared_ptr<Runtime> runtime(new Runtime(identity));
+  // Groups reach their runtime through a weak reference (they may outlive it), so the world
+  // group is made once a shared_ptr owns the runtime.
+  std::vector<int> all(static_cast<std::size_t>(identity.size));
+  for (int r = 0; r < identity.size; ++r) all[static_cast<std::size_t>(r)] = r;
+  runtime->world_ = std::make_shared<Group>(*runtime, std::move(all));
+  g_runtime = std::move(runtime);
+}
+
 Runtime& Runtime::init() {
   std::lock_guard<std::mutex> lock(g_mutex);
-  if (!g_runtime) g_runtime.reset(new Runtime(Identity::from_environment()));
+  if (!g_runtime) start(Identity::from_environment());
   return *g_runtime;
 }
 
 Runtime& Runtime::init(const Identity& identity) {
   std::lock_guard<std::mutex> lock(g_mutex);
-  if (!g_runtime) g_runtime.reset(new Runtime(identity));
+  start(identity);
   return *g_runtime;
+}
+
+bool Runtime::finalized() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_finalized;
 }
 
 Runtime* Runtime::get() {
@@ -124,10 +147,11 @@ Runtime* Runtime::get() {
 }
 
 void Runtime::finalize() {
-  std::unique_ptr<Runtime> runtime;
+  std::shared_ptr<Runtime> runtime;
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     runtime = std::move(g_runtime);
+    if (runtime) g_finalized = true;
   }
   if (!runtime) return;
   if (!runtime->fabric_->failed()) runtime->engine_->drain();
@@ -135,6 +159,11 @@ void Runtime::finalize() {
 
 std::shared_ptr<Group> Runtime::new_group(std::vector<int> world_ranks) {
   return std::make_shared<Group>(*this, std::move(world_ranks));
+}
+
+std::shared_ptr<Runtime> Runtime::current() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_runtime;
 }
 
 std::vector<std::string> Runtime::transports() const {

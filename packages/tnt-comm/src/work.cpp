@@ -1,12 +1,23 @@
 #include "tnt_comm/work.hpp"
 
+#include <cmath>
+
 #include "engine/engine.hpp"
+#include "tnt_comm/runtime.hpp"
 
 namespace tnt {
 
 bool Work::wait(std::optional<double> timeout_s) {
+  if (timeout_s && std::isnan(*timeout_s)) throw InvalidArgument("Work.wait: the timeout is NaN");
   if (!op_) return true;
-  return engine_->wait(*op_, timeout_s);
+  if (!op_->completed()) {
+    std::shared_ptr<Runtime> runtime = runtime_.lock();
+    if (runtime) return runtime->engine().wait(*op_, timeout_s);
+    // finalize() completes every operation before the runtime goes: only a wait racing it lands here.
+    if (!op_->completed()) throw Error("Work.wait: tnt_comm was finalized while the operation was running");
+  }
+  if (auto error = op_->error()) std::rethrow_exception(error);
+  return true;
 }
 
 bool Work::is_completed() const { return !op_ || op_->completed(); }

@@ -32,6 +32,7 @@ std::vector<Bucket> plan_buckets(const std::vector<TensorSpec>& tensors, std::si
 // start and complete in the same order on every rank whatever order tensors arrive in.
 class FusedAllreduce {
  public:
+  // `group` comes from Runtime::world_group() or new_group(); it is kept alive by this object.
   FusedAllreduce(Group& group, std::vector<TensorSpec> tensors, std::size_t threshold_bytes,
                  ReduceOp op);
   ~FusedAllreduce();
@@ -50,7 +51,7 @@ class FusedAllreduce {
   struct BucketState;
   void launch_ready_buckets();
 
-  Group& group_;
+  std::shared_ptr<Group> group_;
   std::vector<TensorSpec> tensors_;
   std::vector<Bucket> buckets_;
   ReduceOp op_;

@@ -22,8 +22,10 @@ struct Members;
 // Runs on the thread that completes the operation (usually the progress thread); must not block.
 using Callback = std::function<void(std::exception_ptr error)>;
 
-class Group {
+class Group : public std::enable_shared_from_this<Group> {
  public:
+  // Made by Runtime::new_group and Runtime::world_group (a Group outlives its runtime safely: its
+  // calls then throw Error).
   Group(Runtime& runtime, std::vector<int> world_ranks);
 
   int rank() const { return my_index_; }  // index of this process in the group, -1 if not a member
@@ -59,25 +61,28 @@ class Group {
   void recv(void* buf, std::size_t count, DType dtype, int peer);
 
  private:
-  Work submit(const std::shared_ptr<Operation>& op, bool background, Callback on_done = {});
+  // The runtime, kept alive for the call; throws once it was finalized.
+  std::shared_ptr<Runtime> live(const char* what) const;
+  Work submit(Runtime& rt, const std::shared_ptr<Operation>& op, bool background, Callback on_done = {});
   void check(const char* what, DType dtype, std::size_t count, const void* a, const void* b) const;
   void check_peer(int peer, const char* what) const;
   Descriptor next(std::uint32_t kind, DType dtype, ReduceOp op, int root, std::uint64_t count);
-  const std::shared_ptr<const Members>& members();
+  const std::shared_ptr<const Members>& members(Runtime& rt);
   // Each collective's operation, checked and sequenced; *_async and the blocking forms submit it.
-  std::shared_ptr<Operation> allreduce_op(const void* in, void* out, std::size_t count, DType dtype,
+  std::shared_ptr<Operation> allreduce_op(Runtime& rt, const void* in, void* out, std::size_t count, DType dtype,
                                           ReduceOp op);
-  std::shared_ptr<Operation> broadcast_op(void* buf, std::size_t count, DType dtype, int root);
-  std::shared_ptr<Operation> allgather_op(const void* in, void* out, std::size_t count, DType dtype);
-  std::shared_ptr<Operation> allgatherv_op(const void* in, void* out,
+  std::shared_ptr<Operation> broadcast_op(Runtime& rt, void* buf, std::size_t count, DType dtype, int root);
+  std::shared_ptr<Operation> allgather_op(Runtime& rt, const void* in, void* out, std::size_t count, DType dtype);
+  std::shared_ptr<Operation> allgatherv_op(Runtime& rt, const void* in, void* out,
                                            const std::vector<std::size_t>& counts, DType dtype);
-  std::shared_ptr<Operation> reduce_scatter_op(const void* in, void* out, std::size_t count,
+  std::shared_ptr<Operation> reduce_scatter_op(Runtime& rt, const void* in, void* out, std::size_t count,
                                                DType dtype, ReduceOp op);
-  std::shared_ptr<Operation> barrier_op();
-  std::shared_ptr<Operation> send_op(const void* buf, std::size_t count, DType dtype, int peer);
-  std::shared_ptr<Operation> recv_op(void* buf, std::size_t count, DType dtype, int peer);
+  std::shared_ptr<Operation> barrier_op(Runtime& rt);
+  std::shared_ptr<Operation> send_op(Runtime& rt, const void* buf, std::size_t count, DType dtype, int peer);
+  std::shared_ptr<Operation> recv_op(Runtime& rt, void* buf, std::size_t count, DType dtype, int peer);
 
-  Runtime& runtime_;
+  std::weak_ptr<Runtime> runtime_;
+  int world_rank_ = -1;  // of this process
   std::vector<int> ranks_;
   int my_index_ = -1;
   std::uint64_t id_ = 0;

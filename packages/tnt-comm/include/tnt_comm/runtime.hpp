@@ -32,15 +32,19 @@ struct Identity {
   static Identity from_environment();
 };
 
-class Runtime {
+class Runtime : public std::enable_shared_from_this<Runtime> {
  public:
-  // Initialises the runtime from the environment on first call; later calls return it.
+  // Initialises the runtime from the environment on first call; later calls return it. After
+  // finalize() it throws: a process runs one job, as with MPI_Init.
   static Runtime& init();
   static Runtime& init(const Identity& identity);
   // The runtime if initialised, else nullptr.
   static Runtime* get();
-  // Waits for outstanding work, says goodbye to peers and tears everything down.
+  // Waits for outstanding work, says goodbye to peers and tears everything down. Groups, Work
+  // handles and FusedAllreduce objects kept beyond it raise Error instead of touching freed state.
   static void finalize();
+  // Whether finalize() has run in this process.
+  static bool finalized();
 
   ~Runtime();
   Runtime(const Runtime&) = delete;
@@ -50,6 +54,7 @@ class Runtime {
   int rank() const { return identity_.rank; }
   int size() const { return identity_.size; }
   Group& world() { return *world_; }
+  std::shared_ptr<Group> world_group() { return world_; }
   // A sub-group; every member must create it (creation itself does not communicate).
   std::shared_ptr<Group> new_group(std::vector<int> world_ranks);
   // Transport used towards each world rank ("self", "shm" or "tcp").
@@ -59,14 +64,19 @@ class Runtime {
   Engine& engine() { return *engine_; }
   Channel* channel(int world_rank) { return channels_[static_cast<std::size_t>(world_rank)].get(); }
 
+  // The runtime, shared, or null when none is running.
+  static std::shared_ptr<Runtime> current();
+
  private:
   explicit Runtime(const Identity& identity);
+  // Needs the global lock: creates the runtime unless it runs, refuses after finalize().
+  static void start(const Identity& identity);
 
   Identity identity_;
   std::unique_ptr<Fabric> fabric_;
   std::vector<std::unique_ptr<Channel>> channels_;
   std::unique_ptr<Engine> engine_;
-  std::unique_ptr<Group> world_;
+  std::shared_ptr<Group> world_;
 };
 
 }  // namespace tnt

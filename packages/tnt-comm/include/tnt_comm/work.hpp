@@ -7,15 +7,18 @@
 namespace tnt {
 
 class Operation;
-class Engine;
+class Runtime;
 
 class Work {
  public:
   Work() = default;
-  Work(std::shared_ptr<Operation> op, Engine* engine) : op_(std::move(op)), engine_(engine) {}
+  Work(std::shared_ptr<Operation> op, std::weak_ptr<Runtime> runtime)
+      : op_(std::move(op)), runtime_(std::move(runtime)) {}
 
   // Blocks until the operation completes; rethrows its error. With a timeout (seconds), returns
-  // false if it has not completed by then (the operation keeps running).
+  // false if it has not completed by then (the operation keeps running). An infinite or huge
+  // timeout waits without limit; NaN is refused. Safe after finalize(), which completes every
+  // operation (those cut short with an Error).
   bool wait(std::optional<double> timeout_s = std::nullopt);
   bool is_completed() const;
   // True when the operation finished with an error (is_completed() is then true as well).
@@ -25,7 +28,7 @@ class Work {
 
  private:
   std::shared_ptr<Operation> op_;
-  Engine* engine_ = nullptr;
+  std::weak_ptr<Runtime> runtime_;
 };
 
 }  // namespace tnt

@@ -89,9 +89,15 @@ def finalize() -> None:
     _core.finalize()
 
 
+_identity_cache: dict[str, Any] = {}
+
+
 def _identity() -> dict[str, Any]:
-    init()
-    return _core.identity()
+    # Kept after finalize(), so code that runs late (logging at exit) still knows its rank.
+    if not _identity_cache:
+        init()
+        _identity_cache.update(_core.identity())
+    return _identity_cache
 
 
 def rank() -> int:

@@ -35,7 +35,13 @@ def as_array(x: Any, name: str = "x") -> np.ndarray:
 
 
 def dtype_code(dtype: Any, name: str = "x") -> int:
-    code = DTYPE_CODES.get(np.dtype(dtype).name)
+    dt = np.dtype(dtype)
+    if not dt.isnative:
+        raise TypeError(
+            f"{name} has dtype {dt.str}, whose byte order is not this machine's; convert it with "
+            f".astype({dt.name!r}) (tnt_comm reduces values in native byte order only)"
+        )
+    code = DTYPE_CODES.get(dt.name)
     if code is None:
         supported = ", ".join(DTYPE_CODES)
         raise TypeError(

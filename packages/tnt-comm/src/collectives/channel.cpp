@@ -1,5 +1,6 @@
 #include "collectives/channel.hpp"
 
+#include <algorithm>
 #include <sstream>
 
 #include "tnt_comm/types.hpp"
@@ -19,8 +20,13 @@ std::string Descriptor::describe() const {
     }
     if (kind == Kind::broadcast) out << ", root=" << root;
     out << ", count=" << count;
+    if (kind == Kind::p2p) out << ", sent by group rank " << root;
   }
-  out << "), call #" << seq << " of group 0x" << std::hex << group;
+  if (kind == Kind::p2p) {
+    out << "), message #" << seq << " between these two ranks";
+  } else {
+    out << "), call #" << seq << " of group 0x" << std::hex << group;
+  }
   return out.str();
 }
 
@@ -34,19 +40,51 @@ Channel::Channel(int me, int peer, Link* link, const SegmentView& mine)
       arrived_(mine.note(SegmentLayout::arrived(peer))),
       done_(static_cast<std::size_t>(mine.layout.slots), false) {}
 
-std::uint64_t Channel::reserve_send(std::uint64_t count) {
-  std::uint64_t base = send_reserved_;
-  send_reserved_ += count;
+Channel::Reserved& Channel::reserved(std::uint64_t key) {
+  for (auto& r : reserved_) {
+    if (r.key == key) return r;
+  }
+  Reserved fresh;
+  fresh.key = key;
+  reserved_.push_back(fresh);
+  return reserved_.back();
+}
+
+Channel::Stream& Channel::stream(std::uint64_t key) {
+  if (last_stream_ < streams_.size() && streams_[last_stream_].key == key) return streams_[last_stream_];
+  for (std::size_t i = 0; i < streams_.size(); ++i) {
+    if (streams_[i].key == key) {
+      last_stream_ = i;
+      return streams_[i];
+    }
+  }
+  Stream fresh;
+  fresh.key = key;
+  streams_.push_back(std::move(fresh));
+  last_stream_ = streams_.size() - 1;
+  return streams_.back();
+}
+
+std::uint64_t Channel::reserve_send(std::uint64_t key, std::uint64_t count) {
+  Reserved& r = reserved(key);
+  std::uint64_t base = r.send;
+  r.send += count;
   return base;
 }
 
-std::uint64_t Channel::reserve_recv(std::uint64_t count) {
-  std::uint64_t base = recv_reserved_;
-  recv_reserved_ += count;
+std::uint64_t Channel::reserve_recv(std::uint64_t key, std::uint64_t count) {
+  Reserved& r = reserved(key);
+  std::uint64_t base = r.recv;
+  r.recv += count;
   return base;
 }
 
-void Channel::send(const MessageHeader& header, const void* payload) {
+bool Channel::can_send(std::uint64_t key, std::uint64_t index) {
+  return sent_ - acked_->load(std::memory_order_acquire) < static_cast<std::uint64_t>(slots_) &&
+         stream(key).sent == index;
+}
+
+void Channel::send(std::uint64_t key, const MessageHeader& header, const void* payload) {
   Piece pieces[2] = {{&header, sizeof header}, {payload, header.bytes}};
   // The payload starts a full header line after the slot start, keeping it 64-byte aligned.
   std::size_t offset = mine_.layout.slot_offset(me_, sent_);
@@ -58,10 +96,48 @@ void Channel::send(const MessageHeader& header, const void* payload) {
     link_->write_notify(offset, padded, 3, SegmentLayout::arrived(me_), sent_ + 1);
   }
   ++sent_;
+  ++stream(key).sent;
 }
 
-void Channel::consume(std::uint64_t index) {
-  done_[index % static_cast<std::uint64_t>(slots_)] = true;
+void Channel::sort_arrivals() {
+  const std::uint64_t arrived = arrived_->load(std::memory_order_acquire);
+  for (; sorted_ < arrived; ++sorted_) {
+    Stream& s = stream(header_at(sorted_)->desc.group);
+    s.arrived.push_back(sorted_);
+    s.consumed.push_back(false);
+  }
+}
+
+const MessageHeader* Channel::peek(std::uint64_t key, std::uint64_t index) {
+  sort_arrivals();
+  Stream& s = stream(key);
+  if (index < s.first || index - s.first >= s.arrived.size()) return nullptr;
+  return header_at(s.arrived[static_cast<std::size_t>(index - s.first)]);
+}
+
+void Channel::claim(std::uint64_t key, std::uint64_t end) {
+  Stream& s = stream(key);
+  s.claimed = std::max(s.claimed, end);
+}
+
+const MessageHeader* Channel::first_unclaimed(std::uint64_t key) {
+  sort_arrivals();
+  Stream& s = stream(key);
+  if (s.claimed < s.first || s.claimed - s.first >= s.arrived.size()) return nullptr;
+  return header_at(s.arrived[static_cast<std::size_t>(s.claimed - s.first)]);
+}
+
+void Channel::consume(std::uint64_t key, std::uint64_t index) {
+  Stream& s = stream(key);
+  const auto at = static_cast<std::size_t>(index - s.first);
+  const std::uint64_t channel_index = s.arrived[at];
+  s.consumed[at] = true;
+  while (!s.consumed.empty() && s.consumed.front()) {
+    s.arrived.pop_front();
+    s.consumed.pop_front();
+    ++s.first;
+  }
+  done_[channel_index % static_cast<std::uint64_t>(slots_)] = true;
   std::uint64_t before = consumed_;
   while (done_[consumed_ % static_cast<std::uint64_t>(slots_)]) {
     done_[consumed_ % static_cast<std::uint64_t>(slots_)] = false;

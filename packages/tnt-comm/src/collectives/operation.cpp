@@ -6,13 +6,16 @@ namespace tnt {
 
 const MessageHeader* RecvStream::next(const Descriptor& expect, std::uint64_t* index) {
   if (examined_ == count_) return nullptr;
-  const MessageHeader* header = channel_->peek(base_ + examined_);
+  const MessageHeader* header = channel_->peek(key_, base_ + examined_);
   if (header == nullptr) return nullptr;
   if (header->desc != expect) {
     throw CollectiveMismatch("collective mismatch: rank " + std::to_string(me_) + " called " +
                              expect.describe() + " while rank " + std::to_string(peer_) +
                              " called " + header->desc.describe() +
-                             " (every rank must call the same collectives in the same order)");
+                             (expect.kind == Kind::p2p
+                                  ? " (every send needs a recv of the same dtype and count on the "
+                                    "other rank, in the same order)"
+                                  : " (every rank must call the same collectives in the same order)"));
   }
   *index = examined_++;
   return header;

@@ -31,33 +31,36 @@ struct Members {
 // The messages an operation sends to one peer: a reserved range on the channel.
 class SendStream {
  public:
-  void open(Channel* channel, std::uint64_t count) {
+  void open(Channel* channel, std::uint64_t key, std::uint64_t count) {
     channel_ = channel;
+    key_ = key;
     count_ = count;
-    base_ = channel->reserve_send(count);
+    base_ = channel->reserve_send(key, count);
   }
-  bool ready() const { return next_ < count_ && channel_->can_send(base_ + next_); }
+  bool ready() const { return next_ < count_ && channel_->can_send(key_, base_ + next_); }
   bool finished() const { return next_ == count_; }
   std::uint64_t sent() const { return next_; }
   void send(const Descriptor& desc, std::uint32_t tag, const void* data, std::size_t bytes) {
     MessageHeader header{desc, tag, static_cast<std::uint32_t>(bytes)};
-    channel_->send(header, data);
+    channel_->send(key_, header, data);
     ++next_;
   }
 
  private:
   Channel* channel_ = nullptr;
-  std::uint64_t base_ = 0, count_ = 0, next_ = 0;
+  std::uint64_t key_ = 0, base_ = 0, count_ = 0, next_ = 0;
 };
 
 // The messages an operation receives from one peer. Messages are examined in order; each is
 // consumed once the operation no longer needs its payload.
 class RecvStream {
  public:
-  void open(Channel* channel, std::uint64_t count, int peer_world_rank, int my_world_rank) {
+  void open(Channel* channel, std::uint64_t key, std::uint64_t count, int peer_world_rank,
+            int my_world_rank) {
     channel_ = channel;
+    key_ = key;
     count_ = count;
-    base_ = channel->reserve_recv(count);
+    base_ = channel->reserve_recv(key, count);
     peer_ = peer_world_rank;
     me_ = my_world_rank;
   }
@@ -67,16 +70,19 @@ class RecvStream {
     return reinterpret_cast<const std::byte*>(header) + 64;
   }
   void consume(std::uint64_t index) {
-    channel_->consume(base_ + index);
+    channel_->consume(key_, base_ + index);
     ++consumed_;
   }
   bool finished() const { return consumed_ == count_; }
   bool all_examined() const { return examined_ == count_; }
+  void claim() {
+    if (channel_ != nullptr) channel_->claim(key_, base_ + count_);
+  }
   int peer() const { return peer_; }
 
  private:
   Channel* channel_ = nullptr;
-  std::uint64_t base_ = 0, count_ = 0, examined_ = 0, consumed_ = 0;
+  std::uint64_t key_ = 0, base_ = 0, count_ = 0, examined_ = 0, consumed_ = 0;
   int peer_ = -1, me_ = -1;
 };
 
@@ -101,6 +107,14 @@ class Operation {
   virtual std::string waiting_for() const;
 
   const Descriptor& descriptor() const { return desc_; }
+  // Whether a caller is blocked in this very call (set at submission).
+  bool blocking() const { return blocking_; }
+  void set_blocking(bool blocking) { blocking_ = blocking; }
+  // Tells each channel which of its arriving messages this operation will take (driver side, at
+  // the moment the engine takes the operation in, in submission order).
+  void claim_receives() {
+    for (auto& r : recvs_) r.claim();
+  }
 
   void finish(std::exception_ptr error);
   bool completed() const { return done_.load(std::memory_order_acquire); }
@@ -122,11 +136,16 @@ class Operation {
     return start >= bytes ? 0 : std::min(p, bytes - start);
   }
 
-  // Opens the streams to and from group member `m`.
+  // Opens the streams to and from group member `m`, by default on the stream of the operation's
+  // group (its descriptor's key).
   void open(int m, std::uint64_t send_count, std::uint64_t recv_count) {
+    open(m, send_count, desc_.group, recv_count, desc_.group);
+  }
+  void open(int m, std::uint64_t send_count, std::uint64_t send_key, std::uint64_t recv_count,
+            std::uint64_t recv_key) {
     Channel* ch = members_->channels[static_cast<std::size_t>(m)];
-    sends_[static_cast<std::size_t>(m)].open(ch, send_count);
-    recvs_[static_cast<std::size_t>(m)].open(ch, recv_count,
+    sends_[static_cast<std::size_t>(m)].open(ch, send_key, send_count);
+    recvs_[static_cast<std::size_t>(m)].open(ch, recv_key, recv_count,
                                              members_->world_ranks[static_cast<std::size_t>(m)],
                                              members_->world_ranks[static_cast<std::size_t>(members_->me)]);
   }
@@ -138,6 +157,7 @@ class Operation {
   std::vector<RecvStream> recvs_;
 
  private:
+  bool blocking_ = false;
   std::atomic<bool> done_{false};
   mutable std::mutex mutex_;
   std::condition_variable cv_;

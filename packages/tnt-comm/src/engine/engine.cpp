@@ -28,6 +28,22 @@ Engine::~Engine() {
   thread_cv_.notify_all();
   fabric_.doorbell().ring();
   if (thread_.joinable()) thread_.join();
+  // Whatever is left (a failed job is not drained) completes with an error, so no Work handle
+  // waits on an engine that is gone.
+  std::lock_guard<std::mutex> lock(drive_mutex_);
+  absorb_incoming();
+  auto gone = std::make_exception_ptr(Error("tnt_comm was finalized before this operation completed"));
+  for (auto& op : active_) op->finish(fabric_.failed() ? failure_or(gone) : gone);
+  active_.clear();
+}
+
+std::exception_ptr Engine::failure_or(std::exception_ptr fallback) const {
+  try {
+    fabric_.throw_failure();
+  } catch (...) {
+    return std::current_exception();
+  }
+  return fallback;
 }
 
 void Engine::submit(const std::shared_ptr<Operation>& op, bool background) {
@@ -42,6 +58,7 @@ void Engine::submit(const std::shared_ptr<Operation>& op, bool background) {
       return;
     }
     op->reserve();
+    op->set_blocking(!background);
     incoming_.push_back(op);
     incoming_count_.fetch_add(1, std::memory_order_release);
     if (background) ++background_requests_;
@@ -54,7 +71,10 @@ void Engine::submit(const std::shared_ptr<Operation>& op, bool background) {
 void Engine::absorb_incoming() {
   if (incoming_count_.load(std::memory_order_acquire) == 0) return;
   std::lock_guard<std::mutex> lock(submit_mutex_);
-  for (auto& op : incoming_) active_.push_back(std::move(op));
+  for (auto& op : incoming_) {
+    op->claim_receives();
+    active_.push_back(std::move(op));
+  }
   incoming_.clear();
   incoming_count_.store(0, std::memory_order_release);
 }
@@ -117,7 +137,7 @@ bool Engine::drive(Operation* target, Deadline deadline) {
       const Operation& stuck = *active_.front();
       fabric_.fail(FailureKind::timeout, -1,
                    "rank " + std::to_string(fabric_.rank()) + " timed out: no progress for " +
-                       std::to_string(static_cast<int>(stall_timeout_s_)) + " s in " +
+                       format_seconds(stall_timeout_s_) + " in " +
                        stuck.descriptor().describe() + ", waiting for " + stuck.waiting_for() +
                        " (TNT_TIMEOUT_S sets this limit)",
                    true);

@@ -40,6 +40,8 @@ class Engine {
   bool drive(Operation* target, Deadline deadline);
   void absorb_incoming();
   void fail_all();
+  // The fabric's failure as an exception (fallback if there is none).
+  std::exception_ptr failure_or(std::exception_ptr fallback) const;
   void wait_for_doorbell(std::uint32_t seen, Deadline deadline, Deadline stall);
 
   Fabric& fabric_;

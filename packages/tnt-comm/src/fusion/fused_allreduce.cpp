@@ -15,7 +15,12 @@ struct FusedAllreduce::BucketState {
 
 FusedAllreduce::FusedAllreduce(Group& group, std::vector<TensorSpec> tensors,
                                std::size_t threshold_bytes, ReduceOp op)
-    : group_(group), tensors_(std::move(tensors)), op_(op) {
+    : tensors_(std::move(tensors)), op_(op) {
+  try {
+    group_ = group.shared_from_this();
+  } catch (const std::bad_weak_ptr&) {
+    throw InvalidArgument("FusedAllreduce: pass a group made by Runtime::world_group() or new_group()");
+  }
   if (!is_valid(op)) throw InvalidArgument("FusedAllreduce: unknown reduction operator");
   buckets_ = plan_buckets(tensors_, threshold_bytes);
   bucket_of_.resize(tensors_.size());
@@ -69,7 +74,7 @@ void FusedAllreduce::launch_ready_buckets() {
     BucketState& s = *state_[next_launch_];
     const Bucket& b = buckets_[next_launch_];
     if (s.started_count != b.tensors.size()) return;
-    s.work = group_.allreduce_async(s.buffer.data(), s.buffer.data(), b.count, b.dtype, op_);
+    s.work = group_->allreduce_async(s.buffer.data(), s.buffer.data(), b.count, b.dtype, op_);
     s.launched = true;
     ++next_launch_;
   }
