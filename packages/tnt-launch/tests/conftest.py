@@ -19,6 +19,7 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent
 RANK = str(TESTS / "rank_report.py")
+STOPPED_RANK = str(TESTS / "stopped_rank.py")
 
 
 @dataclass

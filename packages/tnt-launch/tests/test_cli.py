@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 
 import pytest
@@ -66,6 +67,16 @@ def test_interpreter_transport_timeout_and_ssh_settings() -> None:
 
 
 @pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("inf", math.inf), ("infinity", math.inf), ("Infinity", math.inf), ("INF", math.inf),
+     ("1e10", math.inf), ("1e9", math.inf), ("1e400", math.inf), ("999999999", 999999999.0),
+     ("0.5", 0.5), ("600", 600.0)],
+)
+def test_huge_and_infinite_timeouts_mean_wait_forever(text: str, seconds: float) -> None:
+    assert parse_args(["--timeout", text, "--", "t.py"], {}).timeout_s == seconds
+
+
+@pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["-n", "2", "--n-per-node", "2", "--", "t.py"], "-n and --n-per-node cannot be combined"),
@@ -78,6 +89,11 @@ def test_interpreter_transport_timeout_and_ssh_settings() -> None:
         (["-n", "0", "--", "t.py"], "argument -n: expected a positive whole number, got '0'"),
         (["--fusion-threshold", "-1", "--", "t.py"], "argument --fusion-threshold: expected"),
         (["--timeout", "0", "--", "t.py"], "argument --timeout: expected a positive number"),
+        (["--timeout", "nan", "--", "t.py"], "argument --timeout: expected a positive number"),
+        (["--timeout", "-5", "--", "t.py"], "argument --timeout: expected a positive number"),
+        (["--timeout=-inf", "--", "t.py"], "argument --timeout: expected a positive number"),
+        (["--timeout", "1e-400", "--", "t.py"], "argument --timeout: expected a positive number"),
+        (["--timeout", "forever", "--", "t.py"], "argument --timeout: expected a positive number"),
         (["--transport", "mpi", "--", "t.py"], "argument --transport: invalid choice: 'mpi'"),
         (["--log-level", "loud", "--", "t.py"], "argument --log-level: invalid choice: 'LOUD'"),
         (["-x", "train.py", "--", "t.py"], "-x train.py: expected KEY=VALUE or KEY"),

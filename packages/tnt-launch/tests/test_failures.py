@@ -4,13 +4,16 @@ SIGTERM and a killed launcher all leave nothing of the job behind (checked with 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from conftest import RANK, Launcher, assert_job_gone, read_reports, running, tree
+from conftest import RANK, STOPPED_RANK, Launcher, assert_job_gone, read_reports, running, tree
+
+from tnt_launch.supervise import no_progress_ranks
 
 
 def _pids(reports: list[dict]) -> list[int]:
@@ -121,3 +124,51 @@ def test_ranks_die_with_a_killed_launcher(launcher: Launcher, reports: Path) -> 
             break
         time.sleep(0.05)
     assert left == []
+
+
+@pytest.mark.timeout(60)
+def test_a_stopped_rank_is_named_first_and_cleaned_up(launcher: Launcher, tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    started = time.monotonic()
+    done = launcher.run(["-n", "3", "--no-gpu", "--", STOPPED_RANK, str(pids), "1"])
+    elapsed = time.monotonic() - started
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.splitlines()
+    first = next(line for line in lines if " failed: " in line)
+    job_id = first.split()[2]
+    assert re.fullmatch(
+        rf"tnt-launch: job {job_id} failed: rank 1 made no progress \(process stopped, e\.g\. by "
+        r"SIGSTOP or a debugger\); rank [02] exited with code 1 after timing out",
+        first,
+    ), done.stderr
+    stopped_pid = int((pids / "rank-1.pid").read_text())
+    detail = lines[lines.index(first) + 1]
+    assert detail == (f"tnt-launch: rank 1 (host localhost, local rank 1) made no progress: "
+                      f"stopped process(es) {stopped_pid} (stopped)")
+    # The details of the failed rank follow, as for any failure.
+    failed = first.split("; rank ")[1].split()[0]
+    assert lines[lines.index(first) + 2:lines.index(first) + 5] == [
+        (f"tnt-launch: rank {failed} (host localhost, local rank {failed}) exited with code 1 "
+         "after timing out"),
+        f"tnt-launch: last lines rank {failed} wrote to stderr:",
+        f"    rank {failed} timed out: no progress for 1 s in allreduce, waiting for rank 1",
+    ]
+    assert lines[-1] == "tnt-launch: exit code 1"
+    # SIGTERM and SIGCONT ended the stopped rank at once, not SIGKILL after the grace period.
+    assert elapsed < 1 + 4.5, done.stderr
+    assert_job_gone(job_id, [int(p.read_text()) for p in pids.glob("*.pid")])
+
+
+def test_ranks_named_by_tnt_comm_timeout_messages() -> None:
+    lines = [
+        "Traceback (most recent call last):",
+        ("tnt_comm.Timeout: rank 2 timed out: no progress for 30 s in allreduce #7 "
+         "(float32[1024]), waiting for rank 0, rank 1, rank 3; made no progress: rank 1, rank 3 "
+         "(TNT_TIMEOUT_S sets this limit)"),
+        "made no progress: rank 12",
+        "made no progress: rank 3, rank 0",
+        "made no progress since start",  # not the phrase
+    ]
+    assert no_progress_ranks(lines) == [1, 3, 12, 0]
+    assert no_progress_ranks(["rank 0 timed out: no progress for 1 s"]) == []

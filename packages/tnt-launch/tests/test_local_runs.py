@@ -214,6 +214,20 @@ def test_dry_run_starts_nothing(launcher: Launcher, reports: Path) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_an_infinite_timeout_reaches_the_ranks_and_shows_in_the_dry_run(
+    launcher: Launcher, reports: Path
+) -> None:
+    done = launcher.run(["-n", "2", "--no-gpu", "--timeout", "1e10", "--", RANK, str(reports)])
+    assert done.returncode == 0, done.stderr
+    assert [r["env"]["TNT_TIMEOUT_S"] for r in read_reports(reports, 2)] == ["inf", "inf"]
+    launcher.env["COLUMNS"] = "250"
+    done = launcher.run(["-n", "2", "--no-gpu", "--timeout", "inf", "--dry-run", "--", "t.py"])
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"│ TNT_TIMEOUT_S +│ inf ", done.stdout)
+    assert "Collective timeout: none, collectives wait forever (TNT_TIMEOUT_S=inf)." in done.stdout
+
+
+@pytest.mark.timeout(60)
 def test_unfinished_lines_of_rank_0_show_at_once(launcher: Launcher, reports: Path) -> None:
     """A progress bar redrawn with carriage returns is shown before its line ends."""
     proc = launcher.start(["-n", "2", "--no-gpu", "--", RANK, str(reports), "--progress",

@@ -3,13 +3,23 @@ test's own sshd). Both are this machine, so psutil sees every process of the job
 
 from __future__ import annotations
 
+import re
 import shutil
 import signal
 import time
 from pathlib import Path
 
 import pytest
-from conftest import RANK, Launcher, SshServer, assert_job_gone, read_reports, running, tree
+from conftest import (
+    RANK,
+    STOPPED_RANK,
+    Launcher,
+    SshServer,
+    assert_job_gone,
+    read_reports,
+    running,
+    tree,
+)
 
 
 @pytest.fixture
@@ -66,6 +76,29 @@ def test_remote_failure_brings_down_both_hosts(launcher: Launcher, sshd: SshServ
     got = read_reports(reports, 4)
     # Includes /dev/shm/tnt-<job>-test-2 and -3, left by ranks on 127.0.0.2.
     assert_job_gone(got[0]["env"]["TNT_JOB_ID"], _pids(got))
+
+
+@pytest.mark.timeout(90)
+def test_a_stopped_remote_rank_is_named_first(launcher: Launcher, sshd: SshServer,
+                                              two_hosts: Path, tmp_path: Path) -> None:
+    """The agent on 127.0.0.2 finds rank 3 stopped; the launcher here cannot see that itself."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    done = launcher.run(_args(sshd, two_hosts, "--n-per-node", "2", "--", STOPPED_RANK,
+                              str(pids), "3"))
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.splitlines()
+    first = next(line for line in lines if " failed: " in line)
+    assert re.fullmatch(
+        r"tnt-launch: job \w+ failed: rank 3 made no progress \(process stopped, e\.g\. by "
+        r"SIGSTOP or a debugger\); rank [012] exited with code 1 after timing out", first
+    ), done.stderr
+    stopped = int((pids / "rank-3.pid").read_text())
+    assert lines[lines.index(first) + 1] == (
+        f"tnt-launch: rank 3 (host 127.0.0.2, local rank 1) made no progress: stopped "
+        f"process(es) {stopped} (stopped)"
+    )
+    assert_job_gone(first.split()[2], [int(p.read_text()) for p in pids.glob("*.pid")])
 
 
 @pytest.mark.timeout(90)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import shlex
 import subprocess
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tnt_launch.config import LaunchConfig
-from tnt_launch.display import environment_rows
+from tnt_launch.display import describe_timeout, environment_rows
 from tnt_launch.hosts import Host
 from tnt_launch.plan import HostFacts, JobIdentity, PlanError, build_plan
 from tnt_launch.spawn import SshSettings, remote_command, request_line, ssh_argv
@@ -179,6 +180,36 @@ def test_options_and_exports_become_environment() -> None:
     assert env["SPACES"] == "a b  c" and env["EQUALS"] == "x=y=z"
     assert env["QUOTES"] == "it's \"q\" $HOME `x` \\"
     assert list(env)[-4:] == ["A", "SPACES", "EQUALS", "QUOTES"]
+
+
+@pytest.mark.parametrize(
+    ("seconds", "value"),
+    [(30.0, "30"), (2.5, "2.5"), (0.001, "0.001"), (123456.7, "123456.7"),
+     (999999999.0, "999999999"), (1e9, "inf"), (1e10, "inf"), (1e300, "inf"), (math.inf, "inf")],
+)
+def test_timeouts_reach_the_ranks_exactly_and_huge_ones_as_inf(seconds: float, value: str) -> None:
+    hosts = [Host("127.0.0.1", local=True), Host("127.0.0.2")]
+    plan = plan_for(cfg(n_per_node=1, no_gpu=True, timeout_s=seconds), hosts, facts())
+    assert [spec.env["TNT_TIMEOUT_S"] for spec in plan.ranks] == [value, value]
+    assert plan.timeout == value
+    assert dict(environment_rows(plan))["TNT_TIMEOUT_S"] == value
+
+
+def test_dry_run_states_the_timeout() -> None:
+    forever = plan_for(cfg(nprocs=1, no_gpu=True, timeout_s=math.inf), LOCAL, facts())
+    assert describe_timeout(forever.timeout) == (
+        "Collective timeout: none, collectives wait forever (TNT_TIMEOUT_S=inf)."
+    )
+    thirty = plan_for(cfg(nprocs=1, no_gpu=True, timeout_s=30.0), LOCAL, facts())
+    assert describe_timeout(thirty.timeout) == (
+        "Collective timeout: 30 s without progress (TNT_TIMEOUT_S=30)."
+    )
+    unset = plan_for(cfg(nprocs=1, no_gpu=True), LOCAL, facts())
+    assert unset.timeout is None and "TNT_TIMEOUT_S" not in unset.ranks[0].env
+    assert describe_timeout(None).startswith("Collective timeout: the library's default")
+    # Local ranks inherit a TNT_TIMEOUT_S of tnt-launch's environment.
+    inherited = plan_for(cfg(nprocs=1, no_gpu=True), LOCAL, facts(), {"TNT_TIMEOUT_S": "45"})
+    assert inherited.timeout == "45"
 
 
 def test_user_thread_counts_are_kept() -> None:

@@ -7,9 +7,14 @@ over ssh, in one of four modes:
   itself a child subreaper so that nothing the rank starts can escape it. It stops the rank
   (SIGTERM to the group, SIGKILL after the grace period) when asked ('T' on stdin; 'K' kills at
   once), when it gets SIGTERM/SIGINT/SIGHUP, and when its stdin closes: the launcher or the ssh
-  connection is gone. Once the rank has exited, everything left of it is killed. The agent
-  talks to tnt-launch on stderr, in lines starting with `MARKER`: {"event": "ready"} as soon as
-  it runs, {"event": "exit", ...} with the rank's status at the end.
+  connection is gone. SIGTERM is followed by SIGCONT, so that a stopped rank (SIGSTOP, Ctrl+Z)
+  acts on it. Once the rank has exited, everything left of it is killed. The agent talks to
+  tnt-launch on stderr, in lines starting with `MARKER`: {"event": "ready"} as soon as it runs,
+  {"event": "exit", ...} with the rank's status at the end, and {"event": "state", ...} in
+  answer to 'S' on stdin: which processes of the rank are stopped (state T) or stopped by a
+  tracer (t, a debugger), checked here because only this host can see them. Each such line is
+  written with one write() of less than PIPE_BUF bytes, so it never splits, nor is split by, a
+  write of the rank's own.
 - ``probe``: describe this host (GPUs, CPUs, NUMA nodes, numactl, optionally a free TCP port).
 - ``cleanup``: `jobs.cleanup` on this host.  ``finish``: `jobs.finish_job` on this host.
 
@@ -71,6 +76,12 @@ class _Stopper:
                 if self._pid is not None:
                     self._terminate()
 
+    @property
+    def pid(self) -> int | None:
+        """The rank's PID while it runs; None before it starts and once it has been reaped."""
+        with self._lock:
+            return None if self._done else self._pid
+
     def finished(self) -> None:
         with self._lock:
             self._done = True
@@ -79,6 +90,8 @@ class _Stopper:
 
     def _terminate(self) -> None:
         self._signal(signal.SIGTERM)
+        # Stopped processes act on SIGTERM only once continued; SIGCONT is harmless to the rest.
+        self._signal(signal.SIGCONT)
         self._timer = threading.Timer(self._grace, self._signal, (signal.SIGKILL,))
         self._timer.daemon = True
         self._timer.start()
@@ -94,9 +107,26 @@ class _Stopper:
                 pass
 
 
-def _watch_stdin(stopper: _Stopper, pending: bytes) -> None:
+_MAX_LISTED = 8
+
+
+def rank_state(rank: int, pid: int | None) -> dict[str, Any]:
+    """The answer to 'S': whether the rank runs, and which of its processes are stopped."""
+    message: dict[str, Any] = {"event": "state", "rank": rank, "running": pid is not None}
+    if pid is not None:
+        # The rank, what it started, and orphans of it that this agent adopted as subreaper.
+        stopped = jobs.stopped_processes([pid] + [p for p in jobs.descendants(os.getpid())
+                                                  if p != pid])
+        message["stopped"] = stopped[:_MAX_LISTED]
+        message["rank_state"] = jobs.state_of(pid)
+    return message
+
+
+def _watch_stdin(stopper: _Stopper, pending: bytes, rank: int) -> None:
     data = pending
     while True:
+        if b"S" in data:
+            _tell(rank_state(rank, stopper.pid))
         if b"K" in data:
             stopper.request(force=True)
         elif b"T" in data:
@@ -175,7 +205,7 @@ def run_rank(request: dict[str, Any], pending: bytes = b"") -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: stopper.request())
     _become_subreaper()
-    threading.Thread(target=_watch_stdin, args=(stopper, pending), daemon=True).start()
+    threading.Thread(target=_watch_stdin, args=(stopper, pending, rank), daemon=True).start()
 
     cwd = request["cwd"]
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import secrets
@@ -15,6 +16,7 @@ from rich.console import Console
 
 from tnt_launch import __version__, _agent, jobs
 from tnt_launch.config import (
+    FOREVER_S,
     LOG_LEVELS,
     RESERVED_ENV,
     TRANSPORTS,
@@ -71,14 +73,18 @@ def _non_negative_int(text: str) -> int:
     return int(text)
 
 
-def _positive_float(text: str) -> float:
+def _timeout(text: str) -> float:
+    """--timeout: a positive number of seconds; `inf`, `infinity` or anything >= FOREVER_S means
+    no timeout at all and becomes math.inf."""
     try:
         value = float(text)
     except ValueError:
-        value = -1.0
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
-    return value
+        value = math.nan
+    if math.isnan(value) or value <= 0:
+        raise argparse.ArgumentTypeError(
+            f"expected a positive number of seconds, or 'inf' to wait forever, got {text!r}"
+        )
+    return math.inf if value >= FOREVER_S else value
 
 
 def _port(text: str) -> int:
@@ -141,9 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
     runtime.add_argument("--transport", choices=TRANSPORTS, default="auto",
                          help="how ranks exchange data (default: %(default)s: shared memory on a "
                               "host, TCP between hosts)")
-    runtime.add_argument("--timeout", dest="timeout_s", type=_positive_float, metavar="SECONDS",
-                         help="give up on a collective operation after SECONDS (default: the "
-                              "library's)")
+    runtime.add_argument("--timeout", dest="timeout_s", type=_timeout, metavar="SECONDS",
+                         help="give up on a collective operation that makes no progress for "
+                              "SECONDS; 'inf' (or any value of 1e9 or more) waits forever "
+                              "(default: the library's)")
     runtime.add_argument("-x", dest="exports", action="extend", nargs="+", default=[],
                          metavar="KEY=VALUE",
                          help="export KEY=VALUE (or KEY with its current value) to every rank; "

@@ -6,6 +6,9 @@ from dataclasses import dataclass
 
 TRANSPORTS = ("auto", "shm", "tcp", "gpi2")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+FOREVER_S = 1e9
+"""A --timeout of this many seconds (about 32 years) or more means "wait forever": it is passed to
+the ranks as TNT_TIMEOUT_S=inf, so that no deadline computed from it can overflow."""
 
 # Variables tnt-launch computes for every rank; `-x` may not set them.
 RESERVED_ENV = (
@@ -52,6 +55,7 @@ class LaunchConfig:
     output_dir: str | None = None
     fusion_threshold_kb: int | None = None
     timeout_s: float | None = None
+    """Seconds a collective may make no progress; math.inf: never time out; None: the library's."""
     transport: str = "auto"
     exports: tuple[tuple[str, str], ...] = ()
     python_interpreter: tuple[str, ...] = ()

@@ -44,6 +44,19 @@ def environment_rows(plan: Plan) -> list[tuple[str, str]]:
     return rows
 
 
+def describe_timeout(value: str | None) -> str:
+    """One line on how long a collective may make no progress before it fails."""
+    if value is None:
+        return "Collective timeout: the library's default (TNT_TIMEOUT_S is not set)."
+    try:
+        seconds = float(value)
+    except ValueError:
+        return f"Collective timeout: TNT_TIMEOUT_S={value}."
+    if seconds == float("inf"):
+        return "Collective timeout: none, collectives wait forever (TNT_TIMEOUT_S=inf)."
+    return f"Collective timeout: {value} s without progress (TNT_TIMEOUT_S={value})."
+
+
 def render_plan(plan: Plan, console: Console, assumed: Sequence[str] = ()) -> None:
     hosts = len(plan.hosts)
     console.print(
@@ -76,6 +89,7 @@ def render_plan(plan: Plan, console: Console, assumed: Sequence[str] = ()) -> No
     for name, value in environment_rows(plan):
         env.add_row(Text(name), Text(value))
     console.print(env)
+    console.print(Text(describe_timeout(plan.timeout)))
     if assumed:
         console.print(
             Text(

@@ -67,6 +67,31 @@ def start_time(pid: int) -> int | None:
     return int(fields[19])
 
 
+def state_of(pid: int) -> str | None:
+    """The state letter of a process in /proc/PID/stat (R, S, D, T stopped, t stopped by a
+    tracer, Z, ...), or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode("ascii", "replace")
+        return stat[stat.rindex(")") + 2 :].split()[0]
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+STOPPED_STATES = ("T", "t")
+"""States of a process that cannot run until it is continued (SIGCONT) or its tracer lets go."""
+
+
+def stopped_processes(pids: list[int]) -> list[list[Any]]:
+    """[pid, state] of those of `pids` that are stopped or stopped by a tracer (a debugger)."""
+    found = []
+    for pid in pids:
+        state = state_of(pid)
+        if state in STOPPED_STATES:
+            found.append([pid, state])
+    return found
+
+
 def is_alive(pid: int, started: int | None) -> bool:
     """Whether `pid` still is the process that started at `started`."""
     return started is not None and start_time(pid) == started
@@ -245,6 +270,8 @@ def cleanup(
             if is_alive(proc["pid"], proc.get("start")):
                 try:
                     os.kill(proc["pid"], signal.SIGTERM)
+                    # A stopped process acts on SIGTERM only once it is continued.
+                    os.kill(proc["pid"], signal.SIGCONT)
                 except OSError:
                     pass
 

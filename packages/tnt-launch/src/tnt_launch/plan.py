@@ -7,11 +7,12 @@ printed without starting or contacting anything.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tnt_launch.config import LaunchConfig, LaunchError
+from tnt_launch.config import FOREVER_S, LaunchConfig, LaunchError
 from tnt_launch.hosts import Host, is_loopback
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS")
@@ -95,6 +96,8 @@ class Plan:
     master_addr: str
     master_port: int
     warnings: tuple[str, ...]
+    timeout: str | None = None
+    """TNT_TIMEOUT_S as the ranks see it ("inf": no timeout); None: unset, the library's default."""
 
     @property
     def size(self) -> int:
@@ -103,6 +106,16 @@ class Plan:
 
 def _flag(value: bool) -> str:
     return "true" if value else "false"
+
+
+def timeout_value(seconds: float) -> str:
+    """TNT_TIMEOUT_S for a --timeout of `seconds`: `inf` (no timeout) for infinite or huge values,
+    else the number, written so that it reads back exactly (30, 2.5, 0.001)."""
+    if math.isnan(seconds) or seconds <= 0:
+        raise PlanError(f"invalid timeout {seconds!r}: expected a positive number of seconds")
+    if seconds >= FOREVER_S:
+        return "inf"
+    return repr(float(seconds)).removesuffix(".0")
 
 
 def _carried(environ: Mapping[str, str]) -> dict[str, str]:
@@ -241,7 +254,7 @@ def build_plan(
             if config.fusion_threshold_kb is not None:
                 env["TNT_FUSION_THRESHOLD_KB"] = str(config.fusion_threshold_kb)
             if config.timeout_s is not None:
-                env["TNT_TIMEOUT_S"] = f"{config.timeout_s:g}"
+                env["TNT_TIMEOUT_S"] = timeout_value(config.timeout_s)
             env["TNT_LOG_LEVEL"] = config.log_level
             env["TNT_LOG_ON_ALL_DEVICES"] = _flag(config.log_on_all_devices)
             env["TNT_OUTPUT_ON_ALL_DEVICES"] = _flag(config.output_on_all_devices)
@@ -283,4 +296,5 @@ def build_plan(
         master_addr=master_addr,
         master_port=identity.master_port,
         warnings=tuple(warnings),
+        timeout=ranks[0].env.get("TNT_TIMEOUT_S", environ.get("TNT_TIMEOUT_S")) if ranks else None,
     )

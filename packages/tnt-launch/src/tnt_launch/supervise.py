@@ -1,9 +1,13 @@
 """Running a planned job: output streaming, failure propagation, signals, and the final summary.
 
 One thread watches every rank's agent through a selector. The first rank that exits non-zero or
-dies by a signal brings the job down: every other agent is told to stop its rank (SIGTERM, then
-SIGKILL after the grace period), and tnt-launch exits with the failed rank's status after printing
-a summary that names it. SIGINT (Ctrl+C), SIGTERM and SIGHUP to tnt-launch stop the job the same
+dies by a signal brings the job down. First every agent whose rank still runs is asked which of
+its rank's processes are stopped (SIGSTOP, a debugger): such a rank made no progress, and is most
+likely why the others timed out. Then every other agent is told to stop its rank (SIGTERM and
+SIGCONT, then SIGKILL after the grace period), and tnt-launch exits with the failed rank's status
+after printing a summary. It names first the ranks that made no progress, the stopped ones and
+those that the failed ranks' tnt-comm timeout messages name ("made no progress: rank 1, rank 3"),
+then the failed rank. SIGINT (Ctrl+C), SIGTERM and SIGHUP to tnt-launch stop the job the same
 way; a second one kills the ranks at once.
 """
 
@@ -11,13 +15,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import selectors
 import signal
 import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -37,6 +42,29 @@ default MaxStartups (10), beyond which sshd drops new connections at random."""
 _MAX_LINE = 65536
 _MARKER = MARKER.encode()
 _HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STATE_WAIT_S = 3.0
+"""How long a failing job waits for its agents to say whether their ranks are stopped (an ssh
+round trip) before it stops them anyway."""
+NO_PROGRESS = re.compile(r"made no progress: (rank \d+(?:, rank \d+)*)")
+"""What tnt-comm's timeout message says about the ranks it waited for in vain."""
+_TIMED_OUT = re.compile(r"\btimed out\b")
+STOPPED_REASON = "process stopped, e.g. by SIGSTOP or a debugger"
+
+
+def no_progress_ranks(lines: Iterable[str]) -> list[int]:
+    """The ranks that tnt-comm's timeout messages in `lines` say made no progress, in order."""
+    found: list[int] = []
+    for line in lines:
+        for match in NO_PROGRESS.finditer(line):
+            for word in match.group(1).split(", "):
+                rank = int(word.removeprefix("rank "))
+                if rank not in found:
+                    found.append(rank)
+    return found
+
+
+def _ranks(numbers: Sequence[int]) -> str:
+    return ", ".join(f"rank {n}" for n in numbers)
 
 
 @dataclass(frozen=True)
@@ -149,6 +177,12 @@ class _RankRun:
         self.status: RankStatus | None = None
         self.exited_at: float | None = None
         self.failed_on_its_own = False
+        self.state: dict[str, Any] | None = None
+        """The agent's answer to 'S': which of the rank's processes are stopped."""
+        self.state_asked = False
+        self.named_no_progress: list[int] = []
+        """Ranks that this rank's stderr said made no progress (tnt-comm's timeout message)."""
+        self.timed_out = False
         self.files: dict[str, BinaryIO] = {}
         self.streams: list[_Stream] = []
 
@@ -218,6 +252,8 @@ class Supervisor:
         self.kill_at: float | None = None
         self.abandon_at: float | None = None
         self.abandoned: list[_RankRun] = []
+        self.check_until: float | None = None
+        """While the agents are asked whether their ranks are stopped: when to stop waiting."""
         self._pending_signals: list[int] = []
         self._wakeup: tuple[int, int] | None = None
 
@@ -260,7 +296,8 @@ class Supervisor:
 
     def _start_pending(self) -> None:
         """Start the ranks not started yet, as far as the per-host ssh limit allows."""
-        if self.stopping:
+        if self.stopping or self.first_failure is not None:
+            # A failed job starts nothing more.
             self.pending = []
             return
         connecting: dict[str, int] = {}
@@ -323,6 +360,13 @@ class Supervisor:
             # Of a line redrawn with carriage returns (a progress bar) keep the last state.
             text = line.decode(errors="replace").rstrip("\n").rstrip("\r")
             run.tail.append(text.rsplit("\r", 1)[-1])
+            # Seen in every line, not only the tail: more may follow tnt-comm's message.
+            if "made no progress" in text:
+                for rank in no_progress_ranks([text]):
+                    if rank not in run.named_no_progress:
+                        run.named_no_progress.append(rank)
+            if not run.timed_out and _TIMED_OUT.search(text):
+                run.timed_out = True
         if self.config.output_on_all_devices:
             self.output.write(stream.name, self._prefix(run) + line)
 
@@ -337,6 +381,8 @@ class Supervisor:
             run.ready = True
         elif message.get("event") == "exit":
             run.reported = message
+        elif message.get("event") == "state":
+            run.state = message
 
     def _read(self, stream: _Stream) -> None:
         try:
@@ -408,11 +454,33 @@ class Supervisor:
                 f"{self._where(run)} {status.describe()}; stopping the job"
                 + (f" ({others} other rank(s) still running)" if others else "")
             )
+            self._check_states()
+
+    # -- stopped ranks ----------------------------------------------------------------------
+
+    def _check_states(self) -> None:
+        """Ask every agent whose rank still runs whether it is stopped, before the job is
+        stopped: `_check_deadlines` stops it once all have answered or STATE_WAIT_S has passed."""
+        if self.stopping:
+            return
+        asked = False
+        for run in self.runs:
+            if run.running and run.proc is not None:
+                run.state_asked = True
+                run.send(b"S")
+                asked = True
+        if asked:
+            self.check_until = time.monotonic() + STATE_WAIT_S
+        else:
             self._stop_all()
+
+    def _states_known(self) -> bool:
+        return all(r.state is not None for r in self.runs if r.running and r.state_asked)
 
     # -- stopping ---------------------------------------------------------------------------
 
     def _stop_all(self) -> None:
+        self.check_until = None
         if self.stopping:
             return
         self.stopping = True
@@ -432,6 +500,8 @@ class Supervisor:
 
     def _check_deadlines(self) -> None:
         now = time.monotonic()
+        if self.check_until is not None and (now >= self.check_until or self._states_known()):
+            self._stop_all()
         if self.kill_at is not None and now >= self.kill_at:
             self.kill_at = None
             for run in self.runs:
@@ -535,20 +605,73 @@ class Supervisor:
 
     # -- the end ----------------------------------------------------------------------------
 
+    def _describe_failure(self, run: _RankRun) -> str:
+        assert run.status is not None
+        status = run.status
+        text = status.describe()
+        if run.timed_out and status.error is None and status.signal is None:
+            text += " after timing out"
+        return text
+
+    def _no_progress(self) -> list[tuple[list[int], str]]:
+        """Ranks that made no progress, grouped by how that is known: stopped processes first,
+        then the ranks that the failed ranks' timeout messages name."""
+        stopped = [r.spec.rank for r in self.runs if r.state and r.state.get("stopped")]
+        named: dict[int, list[int]] = {}
+        for run in self.runs:
+            if not run.failed_on_its_own:
+                continue
+            for rank in run.named_no_progress:
+                if rank not in stopped and rank != run.spec.rank and 0 <= rank < self.plan.size:
+                    named.setdefault(rank, []).append(run.spec.rank)
+        groups: list[tuple[list[int], str]] = []
+        if stopped:
+            groups.append((stopped, STOPPED_REASON))
+        by_reporters: dict[tuple[int, ...], list[int]] = {}
+        for rank, reporters in named.items():
+            by_reporters.setdefault(tuple(reporters), []).append(rank)
+        for reporters, ranks in by_reporters.items():
+            messages = "message" if len(reporters) == 1 else "messages"
+            reason = f"named by the timeout {messages} of {_ranks(reporters)}"
+            groups.append((sorted(ranks), reason))
+        return groups
+
+    def _stopped_details(self, run: _RankRun) -> str:
+        assert run.state is not None
+        letters = {"T": "stopped", "t": "stopped by a tracer"}
+        processes = ", ".join(
+            f"{pid} ({letters.get(str(state), state)})" for pid, state in run.state["stopped"]
+        )
+        return f"{self._where(run)} made no progress: stopped process(es) {processes}"
+
     def _summary(self) -> int:
         failure = self.first_failure
         if failure is not None:
             assert failure.status is not None
             code = failure.status.exit_code
-            self._say(
-                f"job {self.plan.job_id} failed: {self._where(failure)} "
-                f"{failure.status.describe()}"
-            )
+            groups = self._no_progress()
+            if groups:
+                # Lead with the ranks that held the others up: their failures follow from it.
+                blame = "; ".join(
+                    f"{_ranks(ranks)} made no progress ({reason})" for ranks, reason in groups
+                )
+                self._say(
+                    f"job {self.plan.job_id} failed: {blame}; rank {failure.spec.rank} "
+                    f"{self._describe_failure(failure)}"
+                )
+                for run in self.runs:
+                    if run.state and run.state.get("stopped"):
+                        self._say(self._stopped_details(run))
+                self._say(f"{self._where(failure)} {self._describe_failure(failure)}")
+            else:
+                self._say(
+                    f"job {self.plan.job_id} failed: {self._where(failure)} "
+                    f"{self._describe_failure(failure)}"
+                )
             others = [r for r in self.runs if r.failed_on_its_own and r is not failure]
             for run in [failure, *others]:
                 if run is not failure:
-                    assert run.status is not None
-                    self._say(f"{self._where(run)} also {run.status.describe()}")
+                    self._say(f"{self._where(run)} also {self._describe_failure(run)}")
                 if run.tail:
                     self._say(f"last lines rank {run.spec.rank} wrote to stderr:")
                     for line in run.tail:

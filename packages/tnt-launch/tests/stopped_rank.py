@@ -1,0 +1,34 @@
+"""A rank for the tests of ranks that make no progress: one rank stops itself with SIGSTOP, the
+others wait a second and fail as tnt-comm's collectives would, with a timeout message.
+
+Usage: stopped_rank.py PID_DIR STOPPED_RANK. Every rank first writes PID_DIR/rank-<TNT_RANK>.pid.
+Imports nothing of tnt.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+
+def main() -> int:
+    pid_dir, stopped = sys.argv[1], int(sys.argv[2])
+    rank = int(os.environ["TNT_RANK"])
+    path = os.path.join(pid_dir, f"rank-{rank}.pid")
+    with open(path + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(path + ".tmp", path)
+    if rank == stopped:
+        os.kill(os.getpid(), signal.SIGSTOP)  # no progress from here on
+        time.sleep(60)
+        return 0
+    time.sleep(1)
+    print(f"rank {rank} timed out: no progress for 1 s in allreduce, waiting for rank {stopped}",
+          file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
