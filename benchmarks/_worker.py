@@ -5,12 +5,18 @@ driver (or mpirun) set, then for each message size of the plan checks one allred
 expected sum, runs the warm-up iterations, and records a timestamp after each timed iteration. Each
 finished size becomes one JSON line in ``RESULTS/LIB.r<rank>.jsonl``; the driver turns them into
 per-iteration times (max over ranks) and medians.
+
+LIB ``copy`` is the machine's bound, not a library: no communication at all, each rank copies its
+own input buffer to its own output buffer (``np.copyto``), all ranks at once, timed exactly like an
+allreduce of the same size. The ranks meet in barriers on a small shared file the driver created
+(``BENCH_BARRIER``), one slot per rank.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import mmap
 import os
 import sys
 import time
@@ -29,6 +35,8 @@ MARKER = "_worker.py"
 class Library(Protocol):
     rank: int
     size: int
+    reduces: bool
+    """True: the result is the sum over ranks; False (copy): the rank's own input."""
 
     def prepare(
         self, count: int
@@ -49,6 +57,8 @@ class Library(Protocol):
 
 
 class TntLibrary:
+    reduces = True
+
     def __init__(self) -> None:
         import tnt_comm
 
@@ -83,6 +93,8 @@ class TntLibrary:
 
 
 class MpiLibrary:
+    reduces = True
+
     def __init__(self) -> None:
         from mpi4py import MPI
 
@@ -119,6 +131,8 @@ class MpiLibrary:
 
 
 class GlooLibrary:
+    reduces = True
+
     def __init__(self) -> None:
         import torch
         import torch.distributed as dist
@@ -166,10 +180,73 @@ class GlooLibrary:
         self.dist.destroy_process_group()
 
 
+_SLOT = 64  # bytes per barrier slot: one cache line each, so that ranks never share one
+
+
+class _SharedBarrier:
+    """A barrier through a shared file, for processes that share no library: rank r writes the
+    barrier's generation into its own slot, then waits until every slot has reached it. Each slot
+    has one writer, and aligned 8-byte stores are atomic, so no lock is needed."""
+
+    def __init__(self, path: str, rank: int, size: int) -> None:
+        with open(path, "r+b") as f:
+            self._map = mmap.mmap(f.fileno(), size * _SLOT)
+        self._slots = np.frombuffer(self._map, dtype=np.int64)[:: _SLOT // 8]
+        self._rank = rank
+        self._generation = 0
+
+    def wait(self) -> None:
+        self._generation += 1
+        self._slots[self._rank] = self._generation
+        started = time.perf_counter()
+        while int(self._slots.min()) < self._generation:
+            # Spin while the others are about to arrive; after that, leave them the core.
+            if time.perf_counter() - started < 1e-3:
+                os.sched_yield()
+            else:
+                time.sleep(5e-5)
+
+
+class CopyLibrary:
+    """The bound: every rank copies its S-byte input to its S-byte output at the same time."""
+
+    reduces = False
+
+    def __init__(self) -> None:
+        self.rank = int(os.environ["BENCH_RANK"])
+        self.size = int(os.environ["BENCH_SIZE"])
+        self._barrier = _SharedBarrier(os.environ["BENCH_BARRIER"], self.rank, self.size)
+
+    def prepare(
+        self, count: int
+    ) -> tuple[Callable[[], None], Callable[[], np.ndarray]]:
+        x = np.full(count, self.rank + 1, dtype=np.float32)
+        y = np.empty_like(x)
+        copyto = np.copyto
+
+        def step() -> None:
+            copyto(y, x)
+
+        return step, lambda: y
+
+    def after_check(self) -> None:
+        pass
+
+    def barrier(self) -> None:
+        self._barrier.wait()
+
+    def version(self) -> str:
+        return f"numpy {np.__version__} copyto"
+
+    def finalize(self) -> None:
+        pass
+
+
 LIBRARIES: dict[str, Callable[[], Library]] = {
     "tnt": TntLibrary,
     "mpi": MpiLibrary,
     "gloo": GlooLibrary,
+    "copy": CopyLibrary,
 }
 
 
@@ -178,7 +255,7 @@ def measure(lib: Library, nbytes: int, iters: int, warmup: int) -> dict[str, obj
     step, result = lib.prepare(count)
     lib.barrier()
     step()
-    expected = lib.size * (lib.size + 1) / 2
+    expected = lib.size * (lib.size + 1) / 2 if lib.reduces else lib.rank + 1
     out = result()
     if out.shape != (count,) or not np.all(out == expected):
         bad = int(np.argmax(out != expected)) if out.shape == (count,) else -1
@@ -198,7 +275,14 @@ def measure(lib: Library, nbytes: int, iters: int, warmup: int) -> dict[str, obj
         step()
         stamps[i] = clock()
     lib.barrier()
-    return {"size": nbytes, "ns": [b - a for a, b in itertools.pairwise(stamps)]}
+    # perf_counter_ns is CLOCK_MONOTONIC, one clock for all processes of the host: the driver
+    # also compares the ranks' first and last stamps with each other.
+    return {
+        "size": nbytes,
+        "ns": [b - a for a, b in itertools.pairwise(stamps)],
+        "start_ns": stamps[0],
+        "end_ns": stamps[-1],
+    }
 
 
 def main(argv: list[str]) -> int:

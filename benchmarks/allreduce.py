@@ -4,6 +4,12 @@ For each rank count and message size, each library runs float32 allreduce(sum) i
 processes, started by this driver one library after the other. Prints one table per rank count
 (median latency and bus bandwidth, busbw = bytes / time x 2(n-1)/n) and writes a PNG plot.
 
+In the same run it measures the machine's bound: N processes that each copy their own S-byte
+buffer to another, all at once, timed like an allreduce. Any allreduce of S bytes on N ranks reads
+N inputs and writes N outputs, 2*N*S bytes through memory, and a copy of S bytes moves 2*S (S read,
+S written); so t_min = 2*N*S / aggregate copy bandwidth, and each library's "of bound" column is
+t_min / its latency.
+
     python benchmarks/allreduce.py [--ranks 2 4] [--sizes 4K ... 64M] [--iters N]
                                    [--out docs/allreduce.png] [--json results.json]
 
@@ -16,6 +22,7 @@ import argparse
 import importlib.util
 import json
 import os
+import platform
 import re
 import secrets
 import shutil
@@ -51,8 +58,10 @@ ITER_BYTES = 256 * KIB
 MIN_ITERS = 30
 
 LIBRARIES = ["tnt", "mpi", "gloo"]
-LABELS = {"tnt": "tnt-comm", "mpi": "Open MPI", "gloo": "Gloo"}
-MODULES = {"tnt": "tnt_comm", "mpi": "mpi4py", "gloo": "torch"}
+BOUND = "copy"
+"""The machine's bound: N processes copying S bytes each at once (see Bound)."""
+LABELS = {"tnt": "tnt-comm", "mpi": "Open MPI", "gloo": "Gloo", BOUND: "copy bound"}
+MODULES = {"tnt": "tnt_comm", "mpi": "mpi4py", "gloo": "torch", BOUND: "numpy"}
 
 
 @dataclass
@@ -66,6 +75,9 @@ class Cell:
     min_latency_s: float = 0.0
     p90_latency_s: float = 0.0
     iters: int = 0
+    overlap_s: float = 0.0
+    """Time per iteration of all ranks together, from the iterations the ranks finished while
+    all of them were in their timed loops (0: too few such iterations)."""
 
 
 @dataclass
@@ -119,6 +131,140 @@ def busbw(nbytes: int, seconds: float, ranks: int) -> float:
     return nbytes / seconds * 2 * (ranks - 1) / ranks / 1e9
 
 
+@dataclass
+class Bound:
+    """The least time any allreduce of `nbytes` on `ranks` ranks can take on this machine.
+
+    Model: every input is read once and every output written once, so the job moves at least
+    2 * ranks * nbytes through memory. `ranks` processes copying `nbytes` each at once (a copy
+    reads S and writes S: 2 * S bytes) measure how fast the machine moves bytes through memory:
+    copy_gbs = 2 * ranks * nbytes / t_copy. Then t_min = 2 * ranks * nbytes / copy_gbs."""
+
+    ranks: int
+    nbytes: int
+    copy_s: float
+    """Median time of the concurrent copies (per iteration, slowest process)."""
+
+    @property
+    def moved_bytes(self) -> int:
+        return 2 * self.ranks * self.nbytes
+
+    @property
+    def copy_gbs(self) -> float:
+        """Aggregate copy bandwidth in GB/s, counting each copied byte as read and written."""
+        return self.moved_bytes / self.copy_s / 1e9
+
+    @property
+    def t_min_s(self) -> float:
+        return self.moved_bytes / (self.copy_gbs * 1e9)
+
+    @property
+    def busbw_gbs(self) -> float:
+        """busbw an allreduce taking exactly t_min would have: S / t_min x 2(N-1)/N."""
+        return busbw(self.nbytes, self.t_min_s, self.ranks)
+
+    def fraction(self, latency_s: float) -> float:
+        """How close a library's latency comes to the bound: t_min / t_lib (1 = at the bound)."""
+        return self.t_min_s / latency_s
+
+
+def copy_time(cell: Cell, ranks: int, cores: int) -> float:
+    """t_copy of a copy run: the median per-iteration time of the slowest process, as for the
+    libraries, while every process has a core of its own. With more processes than cores they
+    take turns on the cores, and one iteration times one process's copy, not N at once; then
+    t_copy is the time per iteration of all processes together while all ran (Cell.overlap_s),
+    or where too few iterations overlapped, the median x ceil(N / cores)."""
+    if ranks <= cores:
+        return cell.latency_s
+    if cell.overlap_s > 0:
+        return cell.overlap_s
+    return cell.latency_s * -(-ranks // cores)
+
+
+def bounds(runs: dict[str, LibraryRun], ranks: int) -> dict[int, Bound]:
+    """The bound at every size the copy run finished."""
+    copy = runs.get(BOUND)
+    if copy is None:
+        return {}
+    cores = len(cpus())
+    return {
+        nbytes: Bound(ranks, nbytes, copy_time(cell, ranks, cores))
+        for nbytes, cell in copy.cells.items()
+        if cell.status == "ok" and cell.latency_s > 0
+    }
+
+
+# --- the machine ---------------------------------------------------------------------------------
+
+
+def machine() -> dict[str, object]:
+    """What the numbers were measured on, without the host's name: CPU model and counts from
+    /proc/cpuinfo, usable CPUs, memory, architecture, kernel and OS."""
+    models: list[str] = []
+    logical = 0
+    cores: set[tuple[str, str]] = set()
+    sockets: set[str] = set()
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        text = ""
+    for block in text.split("\n\n"):
+        fields: dict[str, str] = {}
+        for line in block.splitlines():
+            key, sep, value = line.partition(":")
+            if sep:
+                fields.setdefault(key.strip(), value.strip())
+        if "processor" not in fields:
+            continue
+        logical += 1
+        model = fields.get("model name") or fields.get("Model") or fields.get("cpu") or ""
+        if model and model not in models:
+            models.append(model)
+        if "core id" in fields:
+            cores.add((fields.get("physical id", "0"), fields["core id"]))
+            sockets.add(fields.get("physical id", "0"))
+    memory_gib = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                memory_gib = round(int(line.split()[1]) / (1 << 20), 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    os_name = ""
+    try:
+        for line in Path("/etc/os-release").read_text().splitlines():
+            if line.startswith("PRETTY_NAME="):
+                os_name = line.partition("=")[2].strip().strip('"')
+    except OSError:
+        pass
+    info: dict[str, object] = {
+        "cpu_model": " / ".join(models) or platform.processor() or "unknown CPU",
+        "logical_cpus": logical or os.cpu_count() or 0,
+        "physical_cores": len(cores) or None,
+        "sockets": len(sockets) or None,
+        "usable_cpus": len(cpus()),
+        "memory_gib": memory_gib,
+        "arch": platform.machine(),
+        "kernel": f"{platform.system()} {platform.release()}",
+        "os": os_name,
+    }
+    info["description"] = describe_machine(info)
+    return info
+
+
+def describe_machine(info: dict[str, object]) -> str:
+    counts = f"{info['logical_cpus']} logical CPUs"
+    if info.get("physical_cores"):
+        counts += f" ({info['physical_cores']} cores, {info['sockets']} socket(s))"
+    parts = [str(info["cpu_model"]), counts, f"{info['usable_cpus']} usable here", str(info["arch"])]
+    if info.get("memory_gib") is not None:
+        parts.append(f"{info['memory_gib']} GiB RAM")
+    parts.append(str(info["kernel"]))
+    if info.get("os"):
+        parts.append(str(info["os"]))
+    return ", ".join(parts)
+
+
 # --- launching ----------------------------------------------------------------------------------
 
 
@@ -154,9 +300,9 @@ def base_env(ranks: int) -> dict[str, str]:
 
 
 def pinning(library: str, rank: int, ranks: int, pin: bool) -> set[int] | None:
-    """Open MPI's default placement, which tnt-comm gets too: rank i on core i while there are
-    enough cores, no binding when oversubscribed. Gloo is never pinned: its I/O threads need a
-    core of their own (pinned, it loses about a quarter of its bandwidth here)."""
+    """Open MPI's default placement, which tnt-comm and the copy bound get too: rank i on core i
+    while there are enough cores, no binding when oversubscribed. Gloo is never pinned: its I/O
+    threads need a core of their own (pinned, it loses about a quarter of its bandwidth here)."""
     available = cpus()
     if not pin or library == "gloo" or ranks > len(available):
         return None
@@ -183,9 +329,14 @@ def commands(
 
     port = str(_ranks.free_port())
     cmds = []
+    barrier = plan_path.parent / "barrier"
+    if library == BOUND:
+        barrier.write_bytes(bytes(64 * ranks))  # the workers' barrier slots (see _worker.py)
     for rank in range(ranks):
         env = base_env(ranks)
-        if library == "tnt":
+        if library == BOUND:
+            env.update(BENCH_RANK=str(rank), BENCH_SIZE=str(ranks), BENCH_BARRIER=str(barrier))
+        elif library == "tnt":
             env.update(
                 TNT_RANK=str(rank),
                 TNT_SIZE=str(ranks),
@@ -260,6 +411,30 @@ def log_tail(logs: dict[str, str], lines: int = 15) -> str:
     return "\n".join(parts)
 
 
+MIN_OVERLAP_ITERS = 10
+
+
+def overlap_time(starts: Sequence[int], series: Sequence[Sequence[int]]) -> float:
+    """Seconds per iteration of all ranks together, while all of them ran: in the window from
+    the last rank's start to the first rank's end, the ranks finished `done` iterations in all,
+    so one iteration of every rank took window * ranks / done. 0.0 when fewer than
+    MIN_OVERLAP_ITERS iterations fall in the window."""
+    ends = [start + sum(ns) for start, ns in zip(starts, series, strict=True)]
+    low, high = max(starts), min(ends)
+    if high <= low:
+        return 0.0
+    done = 0
+    for start, ns in zip(starts, series, strict=True):
+        at = start
+        for step in ns:
+            if at >= low and at + step <= high:
+                done += 1
+            at += step
+    if done < MIN_OVERLAP_ITERS:
+        return 0.0
+    return (high - low) / 1e9 * len(starts) / done
+
+
 def collect(
     workdir: Path, library: str, ranks: int, plan: list[dict[str, int]]
 ) -> tuple[str, dict[int, Cell]]:
@@ -294,6 +469,10 @@ def collect(
         series = [r["ns"] for r in records]  # type: ignore[index]
         slowest = [max(values) / 1e9 for values in zip(*series, strict=True)]
         median = statistics.median(slowest)
+        overlap = 0.0
+        if all("start_ns" in r for r in records):  # type: ignore[operator]
+            starts = [int(r["start_ns"]) for r in records]  # type: ignore[index]
+            overlap = overlap_time(starts, series)  # type: ignore[arg-type]
         cells[nbytes] = Cell(
             "ok",
             latency_s=median,
@@ -303,6 +482,7 @@ def collect(
             if len(slowest) > 1
             else median,
             iters=len(slowest),
+            overlap_s=overlap,
         )
     return version, cells
 
@@ -318,19 +498,39 @@ def format_latency(seconds: float) -> str:
     return f"{seconds:.2f} s"
 
 
-def table_rows(runs: dict[str, LibraryRun], sizes: Sequence[int]) -> list[list[str]]:
+def format_fraction(value: float) -> str:
+    return f"{value * 100:.0f}%" if value >= 0.1 else f"{value * 100:.1f}%"
+
+
+def table_rows(runs: dict[str, LibraryRun], sizes: Sequence[int], ranks: int) -> list[list[str]]:
+    limits = bounds(runs, ranks)
+    copy = runs.get(BOUND)
     rows = []
     for nbytes in sizes:
         row = [format_size(nbytes)]
+        bound = limits.get(nbytes)
+        if bound is not None:
+            row += [
+                f"{bound.copy_gbs:.2f}",
+                format_latency(bound.t_min_s),
+                f"{bound.busbw_gbs:.2f}",
+            ]
+        else:
+            cell = copy.cells.get(nbytes) if copy else None
+            row += [cell.status if cell else "-", "-", "-"]
         for library in LIBRARIES:
             run = runs.get(library)
             cell = run.cells.get(nbytes) if run else None
             if cell is None:
-                row += ["-", "-"]
+                row += ["-", "-", "-"]
             elif cell.status != "ok":
-                row += [cell.status, "-"]
+                row += [cell.status, "-", "-"]
             else:
-                row += [format_latency(cell.latency_s), f"{cell.busbw_gbs:.2f}"]
+                row += [
+                    format_latency(cell.latency_s),
+                    f"{cell.busbw_gbs:.2f}",
+                    format_fraction(bound.fraction(cell.latency_s)) if bound else "-",
+                ]
         tnt = runs.get("tnt")
         mpi = runs.get("mpi")
         a = tnt.cells.get(nbytes) if tnt else None
@@ -348,37 +548,85 @@ def table_rows(runs: dict[str, LibraryRun], sizes: Sequence[int]) -> list[list[s
 
 HEADERS = [
     "size",
+    "copy GB/s",
+    "bound lat",
+    "bound busbw",
     "tnt lat",
     "tnt busbw",
+    "tnt/bound",
     "MPI lat",
     "MPI busbw",
+    "MPI/bound",
     "Gloo lat",
     "Gloo busbw",
+    "Gloo/bound",
     "tnt/MPI lat",
     "tnt/MPI busbw",
 ]
 
+BOUND_MODEL = (
+    "bound: the least time any allreduce of S bytes on N ranks can take here; it reads N inputs "
+    "and writes N outputs, 2*N*S bytes through memory\n"
+    "N processes each copy S bytes at once (np.copyto; a copy moves 2*S bytes: S read, S "
+    "written): copy GB/s = 2*N*S / t_copy; bound lat t_min = 2*N*S / copy GB/s\n"
+    "bound busbw = S / t_min x 2(N-1)/N; LIB/bound = t_min / LIB lat (100% = at the bound); "
+    "more ranks than cores: see benchmarks/README.md"
+)
 
-def title(ranks: int, runs: dict[str, LibraryRun], rounds: int) -> str:
+
+def missing_notes(runs: dict[str, LibraryRun]) -> list[str]:
+    """Why a library (or the bound) has no numbers at all, one line each."""
+    notes = []
+    for name, run in runs.items():
+        if any(c.status == "ok" for c in run.cells.values()):
+            continue
+        first = run.detail.strip().split("\n", 1)[0][:160]  # the log tail went to stderr
+        if not first or first.startswith(run.status):
+            notes.append(f"{LABELS[name]}: {first or run.status}")
+        else:
+            notes.append(f"{LABELS[name]}: {run.status} ({first})")
+    return notes
+
+
+def title(ranks: int, runs: dict[str, LibraryRun], rounds: int, host: dict[str, object]) -> str:
+    """The table's header: what was measured, on what machine, with which versions, and the
+    model of the bound."""
     versions = ", ".join(r.version for r in runs.values() if r.version)
     text = f"allreduce float32 sum, {ranks} ranks: median latency, busbw in GB/s"
     if rounds > 1:
         text += f", best of {rounds} rounds"
-    return f"{text}\n({versions})" if versions else text
+    lines = [text, f"machine: {host['description']}"]
+    if versions:
+        lines.append(f"({versions})")
+    lines.append(BOUND_MODEL)
+    return "\n".join(lines)
+
+
+def caption(runs: dict[str, LibraryRun]) -> str:
+    """Below the table: why a library has no numbers at all."""
+    return "\n".join(f"no numbers: {note}" for note in missing_notes(runs))
 
 
 def print_table(
-    ranks: int, runs: dict[str, LibraryRun], sizes: Sequence[int], rounds: int
+    ranks: int,
+    runs: dict[str, LibraryRun],
+    sizes: Sequence[int],
+    rounds: int,
+    host: dict[str, object],
 ) -> None:
-    rows = table_rows(runs, sizes)
+    rows = table_rows(runs, sizes, ranks)
+    heading = title(ranks, runs, rounds, host)
+    notes = caption(runs)
     try:
         from rich.console import Console
         from rich.table import Table
     except ImportError:
-        print_plain(title(ranks, runs, rounds), rows)
+        print_plain(heading, rows, notes)
         return
-    console = Console() if sys.stdout.isatty() else Console(width=150)
-    table = Table(title=title(ranks, runs, rounds))
+    console = Console() if sys.stdout.isatty() else Console(width=200)
+    table = Table(
+        title=heading, title_justify="left", caption=notes or None, caption_justify="left"
+    )
     for i, header in enumerate(HEADERS):
         table.add_column(header, justify="left" if i == 0 else "right", no_wrap=True)
     for row in rows:
@@ -386,7 +634,7 @@ def print_table(
     console.print(table)
 
 
-def print_plain(heading: str, rows: list[list[str]]) -> None:
+def print_plain(heading: str, rows: list[list[str]], notes: str) -> None:
     widths = [max(len(r[i]) for r in [HEADERS, *rows]) for i in range(len(HEADERS))]
     print(heading)
     for row in [HEADERS, ["-" * w for w in widths], *rows]:
@@ -396,6 +644,8 @@ def print_plain(heading: str, rows: list[list[str]]) -> None:
                 for i, (c, w) in enumerate(zip(row, widths, strict=True))
             )
         )
+    if notes:
+        print(notes)
     print()
 
 
@@ -404,6 +654,7 @@ def plot(
     sizes: Sequence[int],
     out: Path,
     rounds: int,
+    host: dict[str, object],
 ) -> bool:
     try:
         import matplotlib
@@ -418,7 +669,7 @@ def plot(
     fig, axes = plt.subplots(
         1,
         len(rank_counts),
-        figsize=(5.5 * len(rank_counts), 4.5),
+        figsize=(max(7.0, 5.5 * len(rank_counts)), 5.2),
         sharey=True,
         squeeze=False,
     )
@@ -428,6 +679,11 @@ def plot(
         "gloo": ("tab:green", "^"),
     }
     for ax, ranks in zip(axes[0], rank_counts, strict=True):
+        limits = bounds(results[ranks], ranks)
+        points = [(s, limits[s].busbw_gbs) for s in sizes if s in limits]
+        if points:
+            xs, ys = zip(*points, strict=True)
+            ax.plot(xs, ys, color="black", linestyle="--", label="bound (N concurrent copies)")
         for library in LIBRARIES:
             run = results[ranks].get(library)
             if run is None:
@@ -452,7 +708,12 @@ def plot(
         ax.grid(True, which="major", alpha=0.3)
         ax.legend()
     axes[0][0].set_ylabel("busbw (GB/s) = bytes/time x 2(n-1)/n")
-    fig.suptitle(f"allreduce float32 sum on one host: median over iterations{rounds}")
+    where = f"{host['cpu_model']}, {host['logical_cpus']} logical CPUs ({host['usable_cpus']} usable)"
+    fig.suptitle(
+        f"allreduce float32 sum on one host: median over iterations{rounds}\n{where}\n"
+        "bound: N processes copying S bytes at once; t_min = 2NS / their aggregate copy GB/s",
+        fontsize="medium",
+    )
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
@@ -554,8 +815,9 @@ def run_all(
     args: argparse.Namespace, plan: list[dict[str, int]]
 ) -> dict[int, dict[str, list[LibraryRun]]]:
     """Rank count by rank count, round by round, one library after the other; the order of the
-    libraries rotates between rounds so that none always runs first on a quiet machine."""
-    libraries = [lib for lib in LIBRARIES if lib in args.libs]
+    libraries rotates between rounds so that none always runs first on a quiet machine. The
+    copy bound takes its turn in the same rotation, so it is measured under the same conditions."""
+    libraries = [BOUND] + [lib for lib in LIBRARIES if lib in args.libs]
     results: dict[int, dict[str, list[LibraryRun]]] = {}
     for ranks in args.ranks:
         results[ranks] = {lib: [] for lib in libraries}
@@ -579,10 +841,38 @@ def run_all(
     return results
 
 
+def bound_records(best: dict[int, dict[str, LibraryRun]]) -> list[dict[str, object]]:
+    """Per rank count and size: the copy bound and every library's fraction of it."""
+    records: list[dict[str, object]] = []
+    for ranks, runs in best.items():
+        for nbytes, bound in sorted(bounds(runs, ranks).items()):
+            fractions = {
+                library: bound.fraction(cell.latency_s)
+                for library, run in runs.items()
+                if library != BOUND
+                and (cell := run.cells.get(nbytes)) is not None
+                and cell.status == "ok"
+            }
+            records.append(
+                {
+                    "ranks": ranks,
+                    "bytes": nbytes,
+                    "moved_bytes": bound.moved_bytes,
+                    "copy_s": bound.copy_s,
+                    "copy_gbs": bound.copy_gbs,
+                    "t_min_s": bound.t_min_s,
+                    "busbw_gbs": bound.busbw_gbs,
+                    "fraction_of_bound": fractions,
+                }
+            )
+    return records
+
+
 def write_json(
     path: Path,
     plan: list[dict[str, int]],
     results: dict[int, dict[str, list[LibraryRun]]],
+    host: dict[str, object],
 ) -> None:
     def encode(run: LibraryRun) -> dict[str, object]:
         return {
@@ -590,8 +880,15 @@ def write_json(
             "cells": {str(k): asdict(v) for k, v in run.cells.items()},
         }
 
+    best = {
+        ranks: {lib: best_of(rounds) for lib, rounds in runs.items()}
+        for ranks, runs in results.items()
+    }
     payload = {
+        "machine": host,
+        "bound_model": BOUND_MODEL,
         "plan": plan,
+        "bound": bound_records(best),
         "best": [
             encode(best_of(rounds))
             for runs in results.values()
@@ -611,6 +908,8 @@ def write_json(
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     plan = plan_sizes(args.sizes, args.iters)
+    host = machine()
+    print(f"machine: {host['description']}", file=sys.stderr)
     started = time.monotonic()
     with _ranks.terminate_as_interrupt():
         results = run_all(args, plan)
@@ -619,11 +918,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         for ranks, runs in results.items()
     }
     for ranks, runs in best.items():
-        print_table(ranks, runs, args.sizes, args.rounds)
-    if plot(best, args.sizes, args.out, args.rounds):
+        print_table(ranks, runs, args.sizes, args.rounds, host)
+    if plot(best, args.sizes, args.out, args.rounds, host):
         print(f"plot: {args.out}")
     if args.json:
-        write_json(args.json, plan, results)
+        write_json(args.json, plan, results, host)
         print(f"numbers: {args.json}")
     print(f"total {time.monotonic() - started:.0f} s", file=sys.stderr)
     return 0
