@@ -77,3 +77,33 @@ def test_process_exits_after_peer_failure(tmp_path: Path) -> None:
     out = launch(["-n", "2", "--", str(script)], timeout=50)
     assert "survivor saw PeerFailure" in out.stdout, out.stdout + out.stderr
     assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.timeout(120)
+def test_stopped_rank_is_blamed_first(tmp_path: Path) -> None:
+    """SIGSTOP one rank of three: the others time out, and the summary leads with the stopped one,
+    not with whichever victim exited first."""
+    script = tmp_path / "stall.py"
+    script.write_text(
+        "import os, signal, numpy as np, tnt_comm as tc\n"
+        "x = np.ones(100_000, np.float32)\n"
+        "tc.allreduce(x)\n"
+        "if tc.rank() == 1:\n"
+        "    os.kill(os.getpid(), signal.SIGSTOP)\n"
+        "tc.allreduce(x)\n"
+    )
+    out = launch(["-n", "3", "--timeout", "4", "--", str(script)], timeout=100)
+    assert out.returncode != 0
+    summary = [line for line in (out.stdout + out.stderr).splitlines() if " failed: " in line]
+    assert summary, out.stdout[-2000:] + out.stderr[-3000:]
+    assert re.search(r"failed: rank 1 made no progress", summary[0]), summary[0]
+    # The victims' own messages blame rank 1 too.
+    assert "made no progress: rank 1" in out.stdout + out.stderr
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("value", ["inf", "1e10"])
+def test_unbounded_timeout_under_launch(value: str) -> None:
+    out = launch(["-n", "2", "--timeout", value, "--", "examples/allreduce.py"])
+    assert out.returncode == 0, out.stderr
+    assert "sum of ranks = 1" in out.stdout

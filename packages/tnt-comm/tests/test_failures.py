@@ -198,3 +198,66 @@ def test_single_rank_without_environment() -> None:
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30, check=False)
     assert out.stdout.split() == ["1", "1.0"], out.stderr
     assert time.monotonic() - t < 30
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["finalize", "exit-without-finalize"])
+def test_rank_that_leaves_early_fails_the_others_at_once(how: str, tmp_path: Path) -> None:
+    # Rank 2 makes one call fewer and exits 0: the others must not wait for their timeout (60 s).
+    leave = "tc.finalize()" if how == "finalize" else "os._exit(0)"
+    code = f"""
+import os, time, numpy as np, tnt_comm as tc
+x = np.ones(1000, np.float32)
+tc.allreduce(x)
+if tc.rank() == 2:
+    {leave}
+    raise SystemExit(0)
+t = time.monotonic()
+try:
+    tc.allreduce(x)
+except tc.PeerFailure as e:
+    print("PEER", e.rank, round(time.monotonic() - t, 2), e)
+"""
+    job = Job(3, code, tmp_path, env={"TNT_TIMEOUT_S": "60"})
+    results = job.wait(50)
+    assert results[2].returncode == 0, results[2].stderr[-2000:]
+    for res in results[:2]:
+        assert res.stdout.startswith("PEER 2 "), (res.rank, res.stdout, res.stderr[-2000:])
+        assert float(res.stdout.split()[2]) < 10
+    if how == "finalize":
+        assert "finalized and left" in results[0].stdout and "made fewer" in results[0].stdout
+    assert not job.shm_leftovers()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["stopped", "elsewhere"])
+def test_timeout_names_the_rank_that_made_no_progress(how: str, tmp_path: Path) -> None:
+    # Rank 1 of 3 holds the job up: stopped by SIGSTOP, or busy elsewhere in its program. The
+    # ranks that time out must blame it, not each other (both wait for everybody).
+    hold = "os.kill(os.getpid(), signal.SIGSTOP)" if how == "stopped" else "time.sleep(30)"
+    code = f"""
+import os, signal, time, numpy as np, tnt_comm as tc
+x = np.ones(100_000, np.float32)
+tc.allreduce(x)
+if tc.rank() == 1:
+    {hold}
+try:
+    tc.allreduce(x)
+except tc.Timeout as e:
+    print("TIMEOUT", e)
+"""
+    job = Job(3, code, tmp_path, env={"TNT_TIMEOUT_S": "3"})
+    try:
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline and any(job.procs[r].poll() is None for r in (0, 2)):
+            time.sleep(0.2)
+    finally:
+        job.kill()
+    results = job.wait(10)
+    for res in (results[0], results[2]):
+        assert res.stdout.startswith("TIMEOUT"), (res.rank, res.stdout, res.stderr[-2000:])
+        assert "made no progress: rank 1 (" in res.stdout, res.stdout
+        assert "made no progress: rank 0" not in res.stdout and "made no progress: rank 2" not in res.stdout
+        reason = "did not answer" if how == "stopped" else "has not made this call"
+        assert reason in res.stdout, res.stdout
+    assert not job.shm_leftovers()

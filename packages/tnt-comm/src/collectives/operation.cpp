@@ -31,6 +31,16 @@ bool Operation::streams_finished() const {
   return true;
 }
 
+std::vector<int> Operation::waiting_ranks() const {
+  std::vector<int> ranks;
+  for (std::size_t m = 0; m < recvs_.size(); ++m) {
+    if (static_cast<int>(m) != members_->me && (!recvs_[m].finished() || !sends_[m].finished())) {
+      ranks.push_back(members_->world_ranks[m]);
+    }
+  }
+  return ranks;
+}
+
 std::string Operation::waiting_for() const {
   std::string who;
   for (std::size_t m = 0; m < recvs_.size(); ++m) {

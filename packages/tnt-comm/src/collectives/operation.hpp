@@ -103,8 +103,9 @@ class Operation {
   virtual void reserve() = 0;
   // Advances as far as possible without waiting; throws on a protocol error.
   virtual Progress progress() = 0;
-  // Which ranks the operation still waits for (for timeout messages).
+  // Which ranks the operation still waits for (for timeout messages), as text and as world ranks.
   virtual std::string waiting_for() const;
+  std::vector<int> waiting_ranks() const;
 
   const Descriptor& descriptor() const { return desc_; }
   // Whether a caller is blocked in this very call (set at submission).

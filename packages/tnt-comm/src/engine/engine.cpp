@@ -17,10 +17,12 @@ namespace tnt {
 
 Engine::Engine(Fabric& fabric, double stall_timeout_s, bool oversubscribed)
     : fabric_(fabric), stall_timeout_s_(stall_timeout_s), oversubscribed_(oversubscribed) {
+  fabric_.set_status([this](std::uint64_t key, std::uint64_t seq) { return status(key, seq); });
   thread_ = std::thread([this] { thread_main(); });
 }
 
 Engine::~Engine() {
+  fabric_.set_status(nullptr);  // the receiver thread must not call into a dying engine
   {
     std::lock_guard<std::mutex> lock(submit_mutex_);
     stop_ = true;
@@ -59,6 +61,10 @@ void Engine::submit(const std::shared_ptr<Operation>& op, bool background) {
     }
     op->reserve();
     op->set_blocking(!background);
+    if (op->descriptor().kind != Kind::p2p) {
+      std::uint64_t& made = calls_made_[op->descriptor().group];
+      made = std::max(made, op->descriptor().seq + 1);
+    }
     incoming_.push_back(op);
     incoming_count_.fetch_add(1, std::memory_order_release);
     if (background) ++background_requests_;
@@ -94,8 +100,14 @@ void Engine::fail_all() {
 bool Engine::drive(Operation* target, Deadline deadline) {
   Doorbell bell = fabric_.doorbell();
   Deadline stall = deadline_after(stall_timeout_s_);
+  std::vector<bool> gone;  // peers known to have left before this pass began
   while (true) {
     if (target != nullptr && target->completed()) return true;
+    // Read before the pass: whatever such a peer sent had landed before it said goodbye.
+    if (fabric_.departures() != 0) {
+      gone.assign(static_cast<std::size_t>(fabric_.size()), false);
+      for (int r = 0; r < fabric_.size(); ++r) gone[static_cast<std::size_t>(r)] = fabric_.departed(r);
+    }
     absorb_incoming();
     if (fabric_.failed()) {
       fail_all();  // finishes `target` too, if it was active
@@ -132,15 +144,13 @@ bool Engine::drive(Operation* target, Deadline deadline) {
       stall = deadline_after(stall_timeout_s_);
       continue;
     }
+    if (!gone.empty() && !active_.empty()) {
+      check_departed(gone);
+      if (fabric_.failed()) continue;
+    }
     const Deadline now = Clock::now();
     if (now >= stall && !active_.empty()) {
-      const Operation& stuck = *active_.front();
-      fabric_.fail(FailureKind::timeout, -1,
-                   "rank " + std::to_string(fabric_.rank()) + " timed out: no progress for " +
-                       format_seconds(stall_timeout_s_) + " in " +
-                       stuck.descriptor().describe() + ", waiting for " + stuck.waiting_for() +
-                       " (TNT_TIMEOUT_S sets this limit)",
-                   true);
+      fail_stalled(*active_.front());
       continue;
     }
     if (now >= deadline) return false;
@@ -165,6 +175,66 @@ void Engine::wait_for_doorbell(std::uint32_t seen, Deadline deadline, Deadline s
   }
   Deadline until = std::min(deadline, stall);
   bell.sleep(seen, std::min(0.5, seconds_left(until)));
+}
+
+void Engine::check_departed(const std::vector<bool>& gone) {
+  for (const auto& op : active_) {
+    for (int r : op->waiting_ranks()) {
+      if (!gone[static_cast<std::size_t>(r)]) continue;
+      fabric_.fail(FailureKind::peer, r,
+                   "rank " + std::to_string(r) + " finalized and left the job while rank " +
+                       std::to_string(fabric_.rank()) + " still needs it in " + op->descriptor().describe() +
+                       ": the ranks did not make the same calls (rank " + std::to_string(r) +
+                       " made fewer); every rank must call the same collectives in the same order",
+                   true);
+      return;
+    }
+  }
+}
+
+std::string Engine::status(std::uint64_t key, std::uint64_t seq) {
+  std::lock_guard<std::mutex> lock(submit_mutex_);
+  auto it = calls_made_.find(key);
+  const std::uint64_t made = it == calls_made_.end() ? 0 : it->second;
+  if (made > seq) return "reached";
+  return made == 0 ? "behind: it has made no call of that group yet"
+                   : "behind: its last call of that group is #" + std::to_string(made - 1);
+}
+
+void Engine::fail_stalled(const Operation& stuck) {
+  const Descriptor& desc = stuck.descriptor();
+  const std::vector<int> waiting = stuck.waiting_ranks();
+  // Ask the ranks we wait for: one that does not answer is stopped or hung; one that answers
+  // but has not made this call is elsewhere in its program. Either holds the job up; the
+  // others wait like us.
+  std::vector<std::optional<std::string>> answers;
+  if (!waiting.empty()) {
+    const double ask_s = std::min(2.0, std::max(0.2, stall_timeout_s_ / 4));
+    answers = fabric_.probe(waiting, desc.group, desc.kind == Kind::p2p ? 0 : desc.seq, ask_s);
+  }
+  std::string culprits, reasons;
+  for (std::size_t i = 0; i < waiting.size(); ++i) {
+    const std::string who = "rank " + std::to_string(waiting[i]);
+    std::string why;
+    if (!answers[i]) {
+      why = who + " did not answer: its process is stopped (SIGSTOP, a debugger) or its runtime hangs";
+    } else if (answers[i]->rfind("behind", 0) == 0 && desc.kind != Kind::p2p) {
+      why = who + " has not made this call: it is elsewhere in its program, " + answers[i]->substr(8);
+    } else {
+      continue;
+    }
+    culprits += (culprits.empty() ? "" : ", ") + who;
+    reasons += (reasons.empty() ? "" : "; ") + why;
+  }
+  std::string message = "rank " + std::to_string(fabric_.rank()) + " timed out: no progress for " +
+                        format_seconds(stall_timeout_s_) + " in " + desc.describe();
+  if (!culprits.empty()) {
+    message += "; made no progress: " + culprits + " (" + reasons + ")";
+  } else if (!waiting.empty()) {
+    message += "; every rank it waits for has made this call";
+  }
+  message += "; waiting for " + stuck.waiting_for() + " (TNT_TIMEOUT_S sets this limit)";
+  fabric_.fail(FailureKind::timeout, -1, message, true);
 }
 
 bool Engine::wait(Operation& op, std::optional<double> timeout_s) {

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <atomic>
+#include <map>
+#include <string>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -43,6 +45,12 @@ class Engine {
   // The fabric's failure as an exception (fallback if there is none).
   std::exception_ptr failure_or(std::exception_ptr fallback) const;
   void wait_for_doorbell(std::uint32_t seen, Deadline deadline, Deadline stall);
+  // Fails the job if an operation still needs a peer that has finalized and left.
+  void check_departed(const std::vector<bool>& gone);
+  // Fails the job with a timeout that names the ranks holding `stuck` up, after asking them.
+  void fail_stalled(const Operation& stuck);
+  // The answer to a peer's probe: whether this rank made call `seq` of stream `key`.
+  std::string status(std::uint64_t key, std::uint64_t seq);
 
   Fabric& fabric_;
   double stall_timeout_s_;
@@ -54,6 +62,7 @@ class Engine {
   std::condition_variable thread_cv_;
   std::uint64_t background_requests_ = 0;
   bool stop_ = false;
+  std::map<std::uint64_t, std::uint64_t> calls_made_;  // per collective stream: calls submitted
 
   std::mutex drive_mutex_;
   std::vector<std::shared_ptr<Operation>> active_;  // touched only by the driver

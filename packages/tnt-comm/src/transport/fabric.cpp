@@ -222,6 +222,45 @@ void Fabric::send_frame(Peer& peer, FrameHeader::Type type, const std::string& t
   }
 }
 
+bool Fabric::departed(int rank) const {
+  const auto& peer = peers_[static_cast<std::size_t>(rank)];
+  return peer && peer->departed.load(std::memory_order_acquire);
+}
+
+void Fabric::set_status(Status status) {
+  std::lock_guard<std::mutex> lock(status_mutex_);
+  status_ = std::move(status);
+}
+
+std::vector<std::optional<std::string>> Fabric::probe(const std::vector<int>& ranks, std::uint64_t key,
+                                                      std::uint64_t seq, double timeout_s) {
+  std::unique_lock<std::mutex> lock(probe_mutex_);
+  const std::uint32_t id = ++probe_id_;
+  replies_.assign(static_cast<std::size_t>(size_), std::nullopt);
+  lock.unlock();
+  for (int r : ranks) {
+    Peer& peer = *peers_[static_cast<std::size_t>(r)];
+    FrameHeader header{FrameHeader::probe, id, key, seq, 0};
+    iovec iov{&header, sizeof header};
+    try {
+      std::lock_guard<std::mutex> send_lock(peer.send_mutex);
+      peer.sock.send_iov(&iov, 1);
+    } catch (const Error&) {
+      // Gone: it will not answer, which is what we learn.
+    }
+  }
+  lock.lock();
+  probe_cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] {
+    for (int r : ranks) {
+      if (!replies_[static_cast<std::size_t>(r)]) return false;
+    }
+    return true;
+  });
+  std::vector<std::optional<std::string>> out;
+  for (int r : ranks) out.push_back(replies_[static_cast<std::size_t>(r)]);
+  return out;
+}
+
 void Fabric::receive_loop() {
   std::vector<pollfd> fds;
   std::vector<Peer*> owners;
@@ -246,12 +285,11 @@ void Fabric::receive_loop() {
 void Fabric::handle_frame(Peer& peer) {
   auto peer_died = [&](const std::string& why) {
     peer.closed = true;
-    if (!peer.said_bye) {
-      fail(FailureKind::peer, peer.rank,
-           "rank " + std::to_string(peer.rank) + " failed: " + why +
-               " (the process died or was killed; see its own output for the cause)",
-           false);
-    }
+    if (peer.said_bye) return;
+    fail(FailureKind::peer, peer.rank,
+         "rank " + std::to_string(peer.rank) + " failed: " + why +
+             " (the process died or was killed; see its own output for the cause)",
+         false);
   };
   FrameHeader h{};
   try {
@@ -273,7 +311,34 @@ void Fabric::handle_frame(Peer& peer) {
       int culprit = colon == std::string::npos ? peer.rank : std::atoi(text.c_str() + 1);
       fail(kind, culprit, colon == std::string::npos ? text : text.substr(colon + 1), false);
     } else if (h.type == FrameHeader::bye) {
+      // It finalized: it drained its work and will send nothing more. Waits for it now fail.
       peer.said_bye = true;
+      peer.departed.store(true, std::memory_order_release);
+      departures_.fetch_add(1, std::memory_order_acq_rel);
+      doorbell().ring();
+    } else if (h.type == FrameHeader::probe) {
+      std::string answer = "?";
+      {
+        std::lock_guard<std::mutex> lock(status_mutex_);
+        if (status_) answer = status_(h.value, h.offset);
+      }
+      FrameHeader reply{FrameHeader::probe_reply, h.note, 0, 0, answer.size()};
+      iovec iov[2] = {{&reply, sizeof reply}, {answer.data(), answer.size()}};
+      try {
+        std::lock_guard<std::mutex> lock(peer.send_mutex);
+        peer.sock.send_iov(iov, 2);
+      } catch (const Error&) {
+        // The prober is gone; nothing to answer.
+      }
+    } else if (h.type == FrameHeader::probe_reply) {
+      if (h.bytes > 4096) return peer_died("it sent a malformed message");
+      std::string text(h.bytes, '\0');
+      if (h.bytes > 0 && !peer.sock.recv_all(text.data(), h.bytes)) return peer_died("its connection closed");
+      std::lock_guard<std::mutex> lock(probe_mutex_);
+      if (h.note == probe_id_ && static_cast<std::size_t>(peer.rank) < replies_.size()) {
+        replies_[static_cast<std::size_t>(peer.rank)] = std::move(text);
+        probe_cv_.notify_all();
+      }
     } else {
       peer_died("it sent an unknown message");
     }

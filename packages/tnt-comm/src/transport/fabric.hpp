@@ -4,6 +4,9 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <optional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -45,6 +48,18 @@ class Fabric {
   // Says goodbye to every peer and stops the receiver thread.
   void shutdown();
 
+  // Peers that said goodbye (finalized) and so will never send again. The count only grows.
+  std::uint32_t departures() const { return departures_.load(std::memory_order_acquire); }
+  bool departed(int rank) const;
+
+  // Liveness probes, for naming the ranks that hold a stalled job up. `status` answers a peer's
+  // probe on the receiver thread: whether this rank has made call `seq` of stream `key`.
+  using Status = std::function<std::string(std::uint64_t key, std::uint64_t seq)>;
+  void set_status(Status status);
+  // Asks each rank about (key, seq) and waits up to `timeout_s`; an empty answer: no reply.
+  std::vector<std::optional<std::string>> probe(const std::vector<int>& ranks, std::uint64_t key,
+                                                std::uint64_t seq, double timeout_s);
+
  private:
   struct Peer {
     int rank = -1;
@@ -54,6 +69,7 @@ class Fabric {
     MappedMemory mapping;  // the peer's segment, for shm links
     bool said_bye = false;
     bool closed = false;
+    std::atomic<bool> departed{false};
   };
 
   void rendezvous(const Identity& identity);
@@ -69,6 +85,15 @@ class Fabric {
   std::thread receiver_;
   int wake_[2] = {-1, -1};
   bool shut_down_ = false;
+
+  std::atomic<std::uint32_t> departures_{0};
+
+  std::mutex status_mutex_;  // guards status_
+  Status status_;
+  std::mutex probe_mutex_;   // guards the probe state below
+  std::condition_variable probe_cv_;
+  std::uint32_t probe_id_ = 0;
+  std::vector<std::optional<std::string>> replies_;  // by world rank, for probe_id_
 
   std::atomic<FailureKind> failure_{FailureKind::none};
   mutable std::mutex failure_mutex_;

@@ -40,7 +40,7 @@ class ShmLink final : public Link {
 
 // Frames on the peer's TCP connection; the peer's receiver thread lands the bytes in its segment.
 struct FrameHeader {
-  enum Type : std::uint32_t { write_notify = 1, abort = 2, bye = 3 };
+  enum Type : std::uint32_t { write_notify = 1, abort = 2, bye = 3, probe = 4, probe_reply = 5 };
   std::uint32_t type;
   std::uint32_t note;
   std::uint64_t value;
