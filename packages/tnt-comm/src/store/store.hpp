@@ -1,5 +1,7 @@
 // The rendezvous store: a small TCP key-value service run by rank 0. Ranks publish their addresses
-// here and wait for each other at start-up. Every connection must present the job token first.
+// here and wait for each other at start-up. Every connection must present the job token first,
+// within a short deadline and among a bounded number of strangers, and keys and values are capped,
+// so no connection from outside the job can stall the server, exhaust it or make it spin.
 #pragma once
 
 #include <atomic>
@@ -26,6 +28,7 @@ class StoreServer {
   void serve();
 
   Socket listener_;
+  Admission strangers_;  // connections that have not presented the token yet; serve() owns them
   int port_ = 0;
   std::string token_;
   int wake_[2] = {-1, -1};  // pipe that tells the thread to stop

@@ -2,11 +2,16 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
+#include <thread>
 
 #include "store/store.hpp"
 
@@ -29,6 +34,107 @@ std::string join(const std::vector<int>& ranks) {
   std::ostringstream out;
   for (std::size_t i = 0; i < ranks.size(); ++i) out << (i ? ", " : "") << ranks[i];
   return out.str();
+}
+
+// Peer hello: magic(4) + rank(4) + token, answered by one kHelloAck byte once it is verified.
+constexpr char kHelloAck = 'K';
+// A real peer sends its hello right after connecting: strangers get this long, and only this many
+// may wait at once, so idle or garbage connections to our port cannot hold up a real peer.
+constexpr double kHelloSeconds = 2.0;
+constexpr std::size_t kMaxPendingHellos = 64;
+
+// Connects to lower rank `to` and presents our hello. The acceptor drops hellos that come too late
+// or while it is flooded, so an unanswered connection is retried until the deadline.
+Socket connect_to_peer(const std::string& host, int port, int to, int rank, const std::string& token,
+                       Deadline deadline) {
+  std::string hello(reinterpret_cast<const char*>(&kHelloMagic), 4);
+  hello.append(reinterpret_cast<const char*>(&rank), 4);
+  hello += token;
+  while (true) {
+    Socket s = Socket::connect_to(host, port, deadline);
+    char ack = 0;
+    try {
+      s.send_all(hello.data(), hello.size());
+      if (s.wait_readable(deadline) && s.recv_all(&ack, 1) && ack == kHelloAck) return s;
+    } catch (const Error&) {
+      // Dropped before it answered: connect again.
+    }
+    if (Clock::now() >= deadline) {
+      throw Timeout("rendezvous timed out: rank " + std::to_string(to) +
+                    " did not accept the connection of rank " + std::to_string(rank) + " at " +
+                    host + ":" + std::to_string(port));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+// Accepts ranks rank+1 .. size-1 on `listener`; returns their sockets indexed by rank. Hellos are
+// read side by side, each connection against its own short deadline, and a wrong one is dropped
+// at once, so no stranger delays a real peer.
+std::vector<Socket> accept_peers(const Socket& listener, int rank, int size, const std::string& token,
+                                 Deadline deadline) {
+  std::vector<Socket> got(static_cast<std::size_t>(size));
+  int missing = size - 1 - rank;
+  const std::size_t hello_bytes = 8 + token.size();
+  const char* magic = reinterpret_cast<const char*>(&kHelloMagic);
+  Admission strangers(listener, kHelloSeconds, kMaxPendingHellos);
+  std::vector<pollfd> fds;
+  while (missing > 0) {
+    if (Clock::now() >= deadline) {
+      std::vector<int> absent;
+      for (int r = rank + 1; r < size; ++r) {
+        if (!got[static_cast<std::size_t>(r)].valid()) absent.push_back(r);
+      }
+      throw Timeout("rendezvous timed out: rank(s) " + join(absent) + " did not connect to rank " +
+                    std::to_string(rank));
+    }
+    fds.assign(1, pollfd{strangers.accepting() ? listener.fd() : -1, POLLIN, 0});
+    for (auto& e : strangers.entries()) fds.push_back({e.sock.fd(), POLLIN, 0});
+    if (::poll(fds.data(), fds.size(), strangers.poll_timeout_ms(deadline)) < 0) {
+      if (errno != EINTR) throw Error(std::string("poll: ") + std::strerror(errno));
+      continue;
+    }
+    for (std::size_t i = 0; i < strangers.entries().size(); ++i) {
+      if (!fds[i + 1].revents) continue;
+      Admission::Entry& e = strangers.entries()[i];
+      // Exactly up to the end of the hello: the peer's first messages may follow it.
+      const std::size_t had = e.in.size();
+      e.in.resize(hello_bytes);
+      ssize_t n = ::recv(e.sock.fd(), &e.in[had], hello_bytes - had, 0);
+      e.in.resize(had + static_cast<std::size_t>(std::max<ssize_t>(n, 0)));
+      if (n == 0 || (n < 0 && errno != EINTR)) {
+        e.sock.close();
+        continue;
+      }
+      if (std::memcmp(e.in.data(), magic, std::min<std::size_t>(e.in.size(), 4)) != 0) {
+        e.sock.close();  // not a peer hello
+        continue;
+      }
+      int from = -1;
+      if (e.in.size() >= 8) std::memcpy(&from, e.in.data() + 4, 4);
+      if (e.in.size() >= 8 &&
+          (from <= rank || from >= size || got[static_cast<std::size_t>(from)].valid())) {
+        e.sock.close();  // not a rank we wait for
+        continue;
+      }
+      if (e.in.size() < hello_bytes) continue;
+      bool ok = same_secret(e.in.substr(8), token);
+      try {
+        if (ok) e.sock.send_all(&kHelloAck, 1);
+      } catch (const Error&) {
+        ok = false;
+      }
+      if (!ok) {
+        e.sock.close();
+        continue;
+      }
+      got[static_cast<std::size_t>(from)] = std::move(e.sock);
+      --missing;
+    }
+    strangers.sweep();
+    if (fds[0].revents) strangers.accept_ready();
+  }
+  return got;
 }
 
 }  // namespace
@@ -91,7 +197,7 @@ void Fabric::rendezvous(const Identity& id) {
   const std::size_t payload = std::stoul(store.get(prefix + "payload", deadline));
 
   // 2. Full mesh of TCP connections: we connect to lower ranks and accept higher ones. Each
-  //    connection starts with a hello proving the job token.
+  //    connection starts with a hello proving the job token, acknowledged by the acceptor.
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
     peers_[static_cast<std::size_t>(r)] = std::make_unique<Peer>();
@@ -99,27 +205,11 @@ void Fabric::rendezvous(const Identity& id) {
   }
   for (int r = 0; r < rank_; ++r) {
     auto i = static_cast<std::size_t>(r);
-    Socket s = Socket::connect_to(host[i], port[i], deadline);
-    std::string hello(reinterpret_cast<const char*>(&kHelloMagic), 4);
-    hello.append(reinterpret_cast<const char*>(&rank_), 4);
-    hello += id.token;
-    s.send_all(hello.data(), hello.size());
-    peers_[i]->sock = std::move(s);
+    peers_[i]->sock = connect_to_peer(host[i], port[i], r, rank_, id.token, deadline);
   }
-  for (int pending = size_ - 1 - rank_; pending > 0;) {
-    Socket s = listener.accept(deadline);
-    std::string hello(8 + id.token.size(), '\0');
-    if (!s.wait_readable(deadline_after(5)) || !s.recv_all(hello.data(), hello.size())) continue;
-    std::uint32_t magic;
-    int from;
-    std::memcpy(&magic, hello.data(), 4);
-    std::memcpy(&from, hello.data() + 4, 4);
-    if (magic != kHelloMagic || hello.compare(8, std::string::npos, id.token) != 0 ||
-        from <= rank_ || from >= size_ || peers_[static_cast<std::size_t>(from)]->sock.valid()) {
-      continue;  // not one of ours: drop it
-    }
-    peers_[static_cast<std::size_t>(from)]->sock = std::move(s);
-    --pending;
+  std::vector<Socket> higher = accept_peers(listener, rank_, size_, id.token, deadline);
+  for (int r = rank_ + 1; r < size_; ++r) {
+    peers_[static_cast<std::size_t>(r)]->sock = std::move(higher[static_cast<std::size_t>(r)]);
   }
 
   // 3. Choose each pair's transport and set up our segment.

@@ -1,13 +1,16 @@
 #include "transport/socket.hpp"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <thread>
@@ -101,6 +104,23 @@ Socket Socket::accept(Deadline deadline) const {
   }
 }
 
+Socket Socket::accept_now(int& error) const {
+  int fd = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+  if (fd < 0) {
+    error = errno;
+    return Socket();
+  }
+  error = 0;
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  return Socket(fd);
+}
+
+void Socket::set_nonblocking() const {
+  int flags = ::fcntl(fd_, F_GETFL, 0);
+  if (flags < 0 || ::fcntl(fd_, F_SETFL, flags | O_NONBLOCK) < 0) throw Error(errno_text("fcntl"));
+}
+
 bool Socket::wait_readable(Deadline deadline) const {
   while (true) {
     pollfd p{fd_, POLLIN, 0};
@@ -181,6 +201,79 @@ std::string Socket::local_ip() const {
   char buf[INET_ADDRSTRLEN] = {};
   ::inet_ntop(AF_INET, &addr.sin_addr, buf, sizeof buf);
   return buf;
+}
+
+namespace {
+
+// Accepts per call, and never more than the cap: a connection accepted in one round is then read
+// in the next before a flood of newcomers could push it out.
+constexpr std::size_t kAcceptBatch = 16;
+// How long to stop accepting when the process has no descriptor left and none to free.
+constexpr double kPauseSeconds = 0.1;
+
+// Strangers may hold at most an eighth of the process's descriptors per listener, so that under a
+// low file limit the job itself keeps enough for its own sockets and segments.
+std::size_t stranger_cap(std::size_t wanted) {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return wanted;
+  return std::clamp<std::size_t>(static_cast<std::size_t>(limit.rlim_cur) / 8, 4, wanted);
+}
+
+}  // namespace
+
+Admission::Admission(const Socket& listener, double hello_s, std::size_t cap)
+    : listener_(listener), hello_s_(hello_s), cap_(stranger_cap(std::max<std::size_t>(cap, 4))) {
+  listener_.set_nonblocking();
+}
+
+void Admission::accept_ready() {
+  const std::size_t batch = std::min(kAcceptBatch, cap_);
+  for (std::size_t i = 0; i < batch; ++i) {
+    int error = 0;
+    Socket sock = listener_.accept_now(error);
+    if (sock.valid()) {
+      if (entries_.size() >= cap_) entries_.pop_front();
+      entries_.push_back(Entry{std::move(sock), deadline_after(hello_s_), std::string()});
+      continue;
+    }
+    if (error == EAGAIN || error == EWOULDBLOCK) return;
+    if (error == EINTR || error == ECONNABORTED || error == EPROTO) continue;
+    // Out of descriptors (or memory): the listener stays readable, so retrying at once would spin.
+    // Free a descriptor by closing the oldest stranger if there is one, else pause briefly.
+    if ((error == EMFILE || error == ENFILE) && !entries_.empty()) {
+      entries_.pop_front();
+      continue;
+    }
+    paused_until_ = deadline_after(kPauseSeconds);
+    return;
+  }
+}
+
+void Admission::sweep() {
+  const Deadline now = Clock::now();
+  entries_.erase(std::remove_if(entries_.begin(), entries_.end(),
+                                [&](const Entry& e) { return !e.sock.valid() || now >= e.deadline; }),
+                 entries_.end());
+}
+
+int Admission::poll_timeout_ms(Deadline limit) const {
+  Deadline next = limit;
+  if (!entries_.empty()) next = std::min(next, entries_.front().deadline);
+  if (!accepting()) next = std::min(next, paused_until_);
+  if (next == Deadline::max()) return -1;
+  double left = seconds_left(next);
+  if (left <= 0) return 0;
+  // Rounded up, so the wake-up comes after the deadline rather than just before it.
+  return static_cast<int>(std::min(left, 3600.0) * 1000) + 1;
+}
+
+bool same_secret(const std::string& presented, const std::string& secret) {
+  if (presented.size() != secret.size()) return false;
+  unsigned char diff = 0;
+  for (std::size_t i = 0; i < secret.size(); ++i) {
+    diff |= static_cast<unsigned char>(presented[i] ^ secret[i]);
+  }
+  return diff == 0;
 }
 
 }  // namespace tnt
