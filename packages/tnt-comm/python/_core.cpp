@@ -76,6 +76,22 @@ void same_layout(const View& in, const View& out, std::size_t count, const char*
   }
 }
 
+// Names this thread after its Python thread, once per thread, so that calls paired across ranks
+// from threads of different names raise (tnt::set_thread_name). The main thread and threads
+// Python did not start (a framework's pool) stay unnamed. Needs the GIL.
+void name_this_thread() {
+  thread_local bool named = false;
+  if (named) return;
+  named = true;
+  py::module_ threading = py::module_::import("threading");
+  py::object current = threading.attr("current_thread")();
+  if (current.is(threading.attr("main_thread")()) ||
+      py::isinstance(current, threading.attr("_DummyThread"))) {
+    return;
+  }
+  tnt::set_thread_name(py::str(current.attr("name")).cast<std::string>());
+}
+
 tnt::Group& group_or_world(tnt::Group* g) { return g != nullptr ? *g : tnt::Runtime::init().world(); }
 
 }  // namespace
@@ -149,6 +165,7 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "allreduce",
       [](tnt::Group* g, const py::array& in, const py::array& out, int op, bool blocking) {
+    name_this_thread();
         View a = view(in, "x", false);
         View o = view(out, "out", true);
         same_layout(a, o, a.count, "out");
@@ -162,6 +179,7 @@ PYBIND11_MODULE(_core, m) {
             grp.allreduce_async(a.ptr, o.ptr, a.count, a.dtype, static_cast<ReduceOp>(op)));
       });
   m.def("broadcast", [](tnt::Group* g, const py::array& buf, int root, bool blocking) {
+    name_this_thread();
     View a = view(buf, "x", true);
     py::gil_scoped_release release;
     tnt::Group& grp = group_or_world(g);
@@ -172,6 +190,7 @@ PYBIND11_MODULE(_core, m) {
     return grp.broadcast_async(a.ptr, a.count, a.dtype, root);
   });
   m.def("allgather", [](tnt::Group* g, const py::array& in, const py::array& out, bool blocking) {
+    name_this_thread();
     View a = view(in, "x", false);
     View o = view(out, "out", true);
     tnt::Group& grp = group_or_world(g);
@@ -185,6 +204,7 @@ PYBIND11_MODULE(_core, m) {
   });
   m.def("allgatherv", [](tnt::Group* g, const py::array& in, const py::array& out,
                          std::vector<std::size_t> counts) {
+    name_this_thread();
     View a = view(in, "x", false);
     View o = view(out, "out", true);
     py::gil_scoped_release release;
@@ -192,6 +212,7 @@ PYBIND11_MODULE(_core, m) {
   });
   m.def("reduce_scatter", [](tnt::Group* g, const py::array& in, const py::array& out, int op,
                              bool blocking) {
+    name_this_thread();
     View a = view(in, "x", false);
     View o = view(out, "out", true);
     tnt::Group& grp = group_or_world(g);
@@ -203,18 +224,18 @@ PYBIND11_MODULE(_core, m) {
     }
     return grp.reduce_scatter_async(a.ptr, o.ptr, o.count, a.dtype, static_cast<ReduceOp>(op));
   });
-  m.def(
-      "barrier",
-      [](tnt::Group* g, bool blocking) {
-        tnt::Group& grp = group_or_world(g);
-        if (blocking) {
-          grp.barrier();
-          return tnt::Work();
-        }
-        return grp.barrier_async();
-      },
-      py::call_guard<py::gil_scoped_release>());
+  m.def("barrier", [](tnt::Group* g, bool blocking) {
+    name_this_thread();
+    py::gil_scoped_release release;
+    tnt::Group& grp = group_or_world(g);
+    if (blocking) {
+      grp.barrier();
+      return tnt::Work();
+    }
+    return grp.barrier_async();
+  });
   m.def("send", [](tnt::Group* g, const py::array& buf, int peer, bool blocking) {
+    name_this_thread();
     View a = view(buf, "x", false);
     py::gil_scoped_release release;
     tnt::Group& grp = group_or_world(g);
@@ -225,6 +246,7 @@ PYBIND11_MODULE(_core, m) {
     return grp.send_async(a.ptr, a.count, a.dtype, peer);
   });
   m.def("recv", [](tnt::Group* g, const py::array& buf, int peer, bool blocking) {
+    name_this_thread();
     View a = view(buf, "out", true);
     py::gil_scoped_release release;
     tnt::Group& grp = group_or_world(g);
@@ -261,6 +283,7 @@ PYBIND11_MODULE(_core, m) {
            py::keep_alive<1, 2>())
       .def("start",
            [](tnt::FusedAllreduce& f, std::size_t i, const py::array& x) {
+             name_this_thread();
              View a = view(x, "x", false);
              py::gil_scoped_release release;
              f.start(i, a.ptr);

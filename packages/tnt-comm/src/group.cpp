@@ -5,6 +5,7 @@
 
 #include "collectives/algorithms.hpp"
 #include "engine/engine.hpp"
+#include "transport/fabric.hpp"
 #include "tnt_comm/runtime.hpp"
 
 namespace tnt {
@@ -23,7 +24,18 @@ std::uint64_t hash_ranks(const std::vector<int>& ranks) {
   return h;
 }
 
+thread_local std::uint64_t t_thread_tag = 0;
+
 }  // namespace
+
+void set_thread_name(const std::string& name) {
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : name) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  t_thread_tag = name.empty() ? 0 : (h | 1);
+}
 
 Group::Group(Runtime& runtime, std::vector<int> world_ranks)
     : runtime_(runtime.weak_from_this()), world_rank_(runtime.rank()), ranks_(std::move(world_ranks)) {
@@ -40,7 +52,7 @@ Group::Group(Runtime& runtime, std::vector<int> world_ranks)
     }
     if (ranks_[i] == runtime.rank()) my_index_ = static_cast<int>(i);
   }
-  id_ = hash_ranks(ranks_);
+  id_ = runtime.next_group_id(hash_ranks(ranks_));
   send_seq_.assign(ranks_.size(), 0);
   recv_seq_.assign(ranks_.size(), 0);
 }
@@ -75,6 +87,7 @@ Descriptor Group::next(std::uint32_t kind, DType dtype, ReduceOp op, int root, s
   d.op = static_cast<std::int32_t>(op);
   d.root = root;
   d.count = count;
+  d.thread = t_thread_tag;
   return d;
 }
 
@@ -95,6 +108,41 @@ void Group::check_peer(int peer, const char* what) const {
     throw InvalidArgument(std::string(what) + ": rank " + std::to_string(peer) +
                           " is not in this group of " + std::to_string(size()) + " ranks");
   }
+}
+
+template <typename Make>
+Work Group::run(const char* what, bool blocking, Callback on_done, Make make) {
+  std::shared_ptr<Runtime> rt = live(what);
+  std::unique_lock<std::mutex> lock(order_mutex_);
+  const std::thread::id me = std::this_thread::get_id();
+  if (blocked_ > 0 && blocked_thread_ != me) refuse_second_thread(*rt, what);
+  Work work = submit(*rt, make(*rt), !blocking, std::move(on_done));
+  if (!blocking) return work;
+  blocked_thread_ = me;
+  ++blocked_;
+  blocked_call_ = what;
+  lock.unlock();
+  struct Release {
+    Group& group;
+    ~Release() {
+      std::lock_guard<std::mutex> hold(group.order_mutex_);
+      --group.blocked_;
+    }
+  } release{*this};
+  work.wait();
+  return work;
+}
+
+void Group::refuse_second_thread(Runtime& rt, const char* what) {
+  std::string ranks;
+  for (int r : ranks_) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  const std::string message =
+      "collective mismatch: two threads of rank " + std::to_string(world_rank_) + " used the group [" +
+      ranks + "] at once (" + what + " while another thread waits in " + blocked_call_ +
+      "). The ranks could pair different calls, so tnt-comm refuses this on every rank: a group "
+      "takes its calls from one thread at a time; give each thread its own group (new_group)";
+  rt.fabric().fail(FailureKind::mismatch, world_rank_, message, true);
+  throw CollectiveMismatch(message);
 }
 
 Work Group::submit(Runtime& rt, const std::shared_ptr<Operation>& op, bool background,
@@ -118,8 +166,7 @@ std::shared_ptr<Operation> Group::allreduce_op(Runtime& rt, const void* in, void
 
 Work Group::allreduce_async(const void* in, void* out, std::size_t count, DType dtype, ReduceOp op,
                             Callback on_done) {
-  auto rt = live("allreduce");
-  return submit(*rt, allreduce_op(*rt, in, out, count, dtype, op), true, std::move(on_done));
+  return run("allreduce", false, std::move(on_done), [&](Runtime& rt) { return allreduce_op(rt, in, out, count, dtype, op); });
 }
 
 std::shared_ptr<Operation> Group::broadcast_op(Runtime& rt, void* buf, std::size_t count, DType dtype, int root) {
@@ -178,6 +225,7 @@ std::shared_ptr<Operation> Group::send_op(Runtime& rt, const void* buf, std::siz
   d.dtype = static_cast<std::int32_t>(dtype);
   d.root = my_index_;
   d.count = count;
+  d.thread = t_thread_tag;
   return make_send(members(rt), d, buf, count * dtype_size(dtype), peer);
 }
 
@@ -192,73 +240,59 @@ std::shared_ptr<Operation> Group::recv_op(Runtime& rt, void* buf, std::size_t co
   d.dtype = static_cast<std::int32_t>(dtype);
   d.root = peer;
   d.count = count;
+  d.thread = t_thread_tag;
   return make_recv(members(rt), d, buf, count * dtype_size(dtype), peer);
 }
 
 Work Group::broadcast_async(void* buf, std::size_t count, DType dtype, int root, Callback on_done) {
-  auto rt = live("broadcast");
-  return submit(*rt, broadcast_op(*rt, buf, count, dtype, root), true, std::move(on_done));
+  return run("broadcast", false, std::move(on_done), [&](Runtime& rt) { return broadcast_op(rt, buf, count, dtype, root); });
 }
 Work Group::allgather_async(const void* in, void* out, std::size_t count, DType dtype) {
-  auto rt = live("allgather");
-  return submit(*rt, allgather_op(*rt, in, out, count, dtype), true);
+  return run("allgather", false, {}, [&](Runtime& rt) { return allgather_op(rt, in, out, count, dtype); });
 }
 Work Group::allgatherv_async(const void* in, void* out, const std::vector<std::size_t>& counts,
                              DType dtype) {
-  auto rt = live("allgatherv");
-  return submit(*rt, allgatherv_op(*rt, in, out, counts, dtype), true);
+  return run("allgatherv", false, {}, [&](Runtime& rt) { return allgatherv_op(rt, in, out, counts, dtype); });
 }
 Work Group::reduce_scatter_async(const void* in, void* out, std::size_t count, DType dtype,
                                  ReduceOp op) {
-  auto rt = live("reduce_scatter");
-  return submit(*rt, reduce_scatter_op(*rt, in, out, count, dtype, op), true);
+  return run("reduce_scatter", false, {}, [&](Runtime& rt) { return reduce_scatter_op(rt, in, out, count, dtype, op); });
 }
 Work Group::barrier_async() {
-  auto rt = live("barrier");
-  return submit(*rt, barrier_op(*rt), true);
+  return run("barrier", false, {}, [&](Runtime& rt) { return barrier_op(rt); });
 }
 Work Group::send_async(const void* buf, std::size_t count, DType dtype, int peer) {
-  auto rt = live("send");
-  return submit(*rt, send_op(*rt, buf, count, dtype, peer), true);
+  return run("send", false, {}, [&](Runtime& rt) { return send_op(rt, buf, count, dtype, peer); });
 }
 Work Group::recv_async(void* buf, std::size_t count, DType dtype, int peer) {
-  auto rt = live("recv");
-  return submit(*rt, recv_op(*rt, buf, count, dtype, peer), true);
+  return run("recv", false, {}, [&](Runtime& rt) { return recv_op(rt, buf, count, dtype, peer); });
 }
 
 // Blocking forms drive the operation on the calling thread: no hand-off to the progress thread.
 void Group::allreduce(const void* in, void* out, std::size_t count, DType dtype, ReduceOp op) {
-  auto rt = live("allreduce");
-  submit(*rt, allreduce_op(*rt, in, out, count, dtype, op), false).wait();
+  run("allreduce", true, {}, [&](Runtime& rt) { return allreduce_op(rt, in, out, count, dtype, op); });
 }
 void Group::broadcast(void* buf, std::size_t count, DType dtype, int root) {
-  auto rt = live("broadcast");
-  submit(*rt, broadcast_op(*rt, buf, count, dtype, root), false).wait();
+  run("broadcast", true, {}, [&](Runtime& rt) { return broadcast_op(rt, buf, count, dtype, root); });
 }
 void Group::allgather(const void* in, void* out, std::size_t count, DType dtype) {
-  auto rt = live("allgather");
-  submit(*rt, allgather_op(*rt, in, out, count, dtype), false).wait();
+  run("allgather", true, {}, [&](Runtime& rt) { return allgather_op(rt, in, out, count, dtype); });
 }
 void Group::allgatherv(const void* in, void* out, const std::vector<std::size_t>& counts,
                        DType dtype) {
-  auto rt = live("allgatherv");
-  submit(*rt, allgatherv_op(*rt, in, out, counts, dtype), false).wait();
+  run("allgatherv", true, {}, [&](Runtime& rt) { return allgatherv_op(rt, in, out, counts, dtype); });
 }
 void Group::reduce_scatter(const void* in, void* out, std::size_t count, DType dtype, ReduceOp op) {
-  auto rt = live("reduce_scatter");
-  submit(*rt, reduce_scatter_op(*rt, in, out, count, dtype, op), false).wait();
+  run("reduce_scatter", true, {}, [&](Runtime& rt) { return reduce_scatter_op(rt, in, out, count, dtype, op); });
 }
 void Group::barrier() {
-  auto rt = live("barrier");
-  submit(*rt, barrier_op(*rt), false).wait();
+  run("barrier", true, {}, [&](Runtime& rt) { return barrier_op(rt); });
 }
 void Group::send(const void* buf, std::size_t count, DType dtype, int peer) {
-  auto rt = live("send");
-  submit(*rt, send_op(*rt, buf, count, dtype, peer), false).wait();
+  run("send", true, {}, [&](Runtime& rt) { return send_op(rt, buf, count, dtype, peer); });
 }
 void Group::recv(void* buf, std::size_t count, DType dtype, int peer) {
-  auto rt = live("recv");
-  submit(*rt, recv_op(*rt, buf, count, dtype, peer), false).wait();
+  run("recv", true, {}, [&](Runtime& rt) { return recv_op(rt, buf, count, dtype, peer); });
 }
 
 }  // namespace tnt

@@ -161,6 +161,13 @@ std::shared_ptr<Group> Runtime::new_group(std::vector<int> world_ranks) {
   return std::make_shared<Group>(*this, std::move(world_ranks));
 }
 
+std::uint64_t Runtime::next_group_id(std::uint64_t ranks_hash) {
+  std::lock_guard<std::mutex> lock(groups_mutex_);
+  const std::uint64_t nth = groups_made_[ranks_hash]++;
+  // The first group of a rank list keeps the plain hash; later ones mix in their number.
+  return nth == 0 ? ranks_hash : ranks_hash ^ ((nth + 1) * 0xbf58476d1ce4e5b9ull);
+}
+
 std::shared_ptr<Runtime> Runtime::current() {
   std::lock_guard<std::mutex> lock(g_mutex);
   return g_runtime;

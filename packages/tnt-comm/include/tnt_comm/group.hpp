@@ -7,6 +7,9 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "tnt_comm/types.hpp"
@@ -21,6 +24,13 @@ struct Members;
 
 // Runs on the thread that completes the operation (usually the progress thread); must not block.
 using Callback = std::function<void(std::exception_ptr error)>;
+
+// Names the calling thread for the cross-rank check of every call it makes: if two ranks pair
+// calls made from threads of different names, both raise CollectiveMismatch instead of combining
+// the wrong data. Unnamed threads (the default, and "") are not compared. tnt_comm's Python API
+// names each Python thread it is called from after threading's name (the main thread stays
+// unnamed), so threads created in the same order on every rank match.
+void set_thread_name(const std::string& name);
 
 class Group : public std::enable_shared_from_this<Group> {
  public:
@@ -63,6 +73,12 @@ class Group : public std::enable_shared_from_this<Group> {
  private:
   // The runtime, kept alive for the call; throws once it was finalized.
   std::shared_ptr<Runtime> live(const char* what) const;
+  // Every call: numbered and submitted under the group's order lock (so its sequence number and
+  // its place on the channels agree), refused while another thread waits in a blocking call of
+  // this group, and waited for when `blocking`.
+  template <typename Make>
+  Work run(const char* what, bool blocking, Callback on_done, Make make);
+  [[noreturn]] void refuse_second_thread(Runtime& rt, const char* what);
   Work submit(Runtime& rt, const std::shared_ptr<Operation>& op, bool background, Callback on_done = {});
   void check(const char* what, DType dtype, std::size_t count, const void* a, const void* b) const;
   void check_peer(int peer, const char* what) const;
@@ -89,6 +105,11 @@ class Group : public std::enable_shared_from_this<Group> {
   std::uint64_t seq_ = 0;
   std::vector<std::uint64_t> send_seq_, recv_seq_;
   std::shared_ptr<const Members> members_;  // built on first use
+
+  std::mutex order_mutex_;
+  std::thread::id blocked_thread_;  // the thread in a blocking call, while blocked_ > 0
+  int blocked_ = 0;
+  std::string blocked_call_;
 };
 
 }  // namespace tnt

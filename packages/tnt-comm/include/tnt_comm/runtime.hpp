@@ -2,7 +2,10 @@
 // It is the only global mutable state of tnt-comm.
 #pragma once
 
+#include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -55,8 +58,13 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   int size() const { return identity_.size; }
   Group& world() { return *world_; }
   std::shared_ptr<Group> world_group() { return world_; }
-  // A sub-group; every member must create it (creation itself does not communicate).
+  // A sub-group; every member must create it (creation itself does not communicate). Groups of
+  // the same ranks are told apart by the order they are created in, which must be the same on
+  // every member. Each group has its own ordered streams: one thread per group may run
+  // collectives concurrently with other threads on other groups.
   std::shared_ptr<Group> new_group(std::vector<int> world_ranks);
+  // The identity of the next group of these ranks (used by Group's constructor).
+  std::uint64_t next_group_id(std::uint64_t ranks_hash);
   // Transport used towards each world rank ("self", "shm" or "tcp").
   std::vector<std::string> transports() const;
 
@@ -77,6 +85,8 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   std::vector<std::unique_ptr<Channel>> channels_;
   std::unique_ptr<Engine> engine_;
   std::shared_ptr<Group> world_;
+  std::mutex groups_mutex_;
+  std::map<std::uint64_t, std::uint64_t> groups_made_;  // by hash of the rank list
 };
 
 }  // namespace tnt

@@ -24,11 +24,13 @@ struct Descriptor {
   std::int32_t op = 0;
   std::int32_t root = 0;
   std::uint64_t count = 0;
+  std::uint64_t thread = 0;  // hash of the calling thread's name (set_thread_name), 0 if unnamed
 
-  bool operator==(const Descriptor& o) const {
+  bool same_call(const Descriptor& o) const {
     return group == o.group && seq == o.seq && kind == o.kind && dtype == o.dtype && op == o.op &&
            root == o.root && count == o.count;
   }
+  bool operator==(const Descriptor& o) const { return same_call(o) && thread == o.thread; }
   bool operator!=(const Descriptor& o) const { return !(*this == o); }
   // e.g. "allreduce(float32, sum, count=10), call #3 of group 0x1f2e..."
   std::string describe() const;

@@ -8,6 +8,14 @@ const MessageHeader* RecvStream::next(const Descriptor& expect, std::uint64_t* i
   if (examined_ == count_) return nullptr;
   const MessageHeader* header = channel_->peek(key_, base_ + examined_);
   if (header == nullptr) return nullptr;
+  if (header->desc.same_call(expect) && header->desc.thread != expect.thread) {
+    throw CollectiveMismatch(
+        "collective mismatch: rank " + std::to_string(me_) + " made " + expect.describe() +
+        " from one thread while rank " + std::to_string(peer_) +
+        " made it from a thread of another name: the ranks paired calls of different threads. A "
+        "group takes its calls from one thread at a time, the same (same-named) thread on every rank; "
+        "give each thread its own group (new_group)");
+  }
   if (header->desc != expect) {
     throw CollectiveMismatch("collective mismatch: rank " + std::to_string(me_) + " called " +
                              expect.describe() + " while rank " + std::to_string(peer_) +

@@ -275,14 +275,20 @@ void Fabric::fail(FailureKind kind, int culprit, const std::string& message, boo
     failure_rank_ = culprit;
     failure_.store(kind, std::memory_order_release);
   }
-  if (tell_peers) {
-    std::string text(1, static_cast<char>('0' + static_cast<int>(kind)));
-    text += std::to_string(culprit) + ":" + message;
-    for (auto& peer : peers_) {
-      if (peer && !peer->closed) send_frame(*peer, FrameHeader::abort, text);
-    }
-  }
+  if (tell_peers) tell_failure();
   doorbell().ring();
+}
+
+void Fabric::tell_failure() {
+  std::string text;
+  {
+    std::lock_guard<std::mutex> lock(failure_mutex_);
+    text = std::string(1, static_cast<char>('0' + static_cast<int>(failure_.load()))) +
+           std::to_string(failure_rank_) + ":" + failure_message_;
+  }
+  for (auto& peer : peers_) {
+    if (peer && !peer->closed && peer->sock.valid()) send_frame(*peer, FrameHeader::abort, text);
+  }
 }
 
 void Fabric::throw_failure() const {
@@ -440,8 +446,13 @@ void Fabric::handle_frame(Peer& peer) {
 void Fabric::shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
-  for (auto& peer : peers_) {
-    if (peer && peer->sock.valid()) send_frame(*peer, FrameHeader::bye, "");
+  if (failed()) {
+    // Not a clean goodbye: pass the failure on, so no peer mistakes our leaving for its cause.
+    tell_failure();
+  } else {
+    for (auto& peer : peers_) {
+      if (peer && peer->sock.valid()) send_frame(*peer, FrameHeader::bye, "");
+    }
   }
   if (receiver_.joinable()) {
     char c = 'q';

@@ -76,6 +76,8 @@ class Fabric {
   void receive_loop();
   void handle_frame(Peer& peer);
   void send_frame(Peer& peer, FrameHeader::Type type, const std::string& text);
+  // Sends the recorded failure to every peer still connected (an abort frame).
+  void tell_failure();
 
   int rank_;
   int size_;
