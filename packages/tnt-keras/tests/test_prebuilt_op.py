@@ -45,3 +45,22 @@ def test_the_op_built_at_install_time_is_the_one_loaded(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "tnt_keras.ops"]
     listed = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=100, check=True)
     assert Path(listed.stdout.strip().splitlines()[-1]).parent == folder, listed.stdout
+
+
+def test_the_op_exports_only_its_two_entry_points() -> None:
+    """The op library shares its process with TensorFlow's C++ runtime; it must export nothing else
+    (a compiler that links libstdc++ statically would otherwise leak a second runtime into it)."""
+    import shutil
+
+    folder = installed_prebuilt_dir()
+    libraries = sorted(folder.glob("*.so")) if folder is not None else []
+    if not libraries:
+        pytest.skip("this tnt_keras has no op built at install time to inspect")
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("nm (binutils) is not installed, so exported symbols cannot be listed")
+    for library in libraries:
+        out = subprocess.run([nm, "-D", "--defined-only", str(library)], capture_output=True, text=True, check=True)
+        names = {line.split()[-1] for line in out.stdout.splitlines() if line.strip()}
+        assert {"tnt_ops_set_api", "tnt_ops_api_version"} <= names, names
+        assert names <= {"tnt_ops_set_api", "tnt_ops_api_version", "_init", "_fini"}, names

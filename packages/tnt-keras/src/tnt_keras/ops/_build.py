@@ -26,6 +26,7 @@ from types import ModuleType
 log = logging.getLogger("tnt_keras")
 
 SOURCE = Path(__file__).with_name("tnt_ops.cc")
+EXPORTS = Path(__file__).with_name("tnt_ops.map")
 CAPSULE_NAME = b"tnt_comm._C_API"
 COMPILE_TIMEOUT_S = 600
 
@@ -72,6 +73,9 @@ def _command(cxx: list[str], output: str) -> list[str]:
         "-I",
         tnt_comm.get_include(),
         *tf.sysconfig.get_link_flags(),
+        # Export nothing: no symbol of a statically linked C++ runtime leaves the library.
+        "-Wl,--exclude-libs,ALL",
+        f"-Wl,--version-script={EXPORTS}",
     ]
 
 
@@ -81,6 +85,7 @@ def _abi_digest() -> hashlib._Hash:
 
     digest = hashlib.sha256()
     digest.update(SOURCE.read_bytes())
+    digest.update(EXPORTS.read_bytes())
     digest.update((Path(tnt_comm.get_include()) / "tnt_comm" / "c_api.h").read_bytes())
     return digest
 
