@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "check.hpp"
@@ -67,7 +68,34 @@ int child(int rank, int size, int port, const std::string& transport) {
     CHECK(ts[i][0] == static_cast<float>((i + 1) * static_cast<std::size_t>(size)));
   }
   world.barrier();
+  // Two threads, each with its own group of all ranks (told apart by creation order), run at the
+  // same time: their streams are independent, so every sum is exact.
+  std::vector<int> all(static_cast<std::size_t>(size));
+  std::iota(all.begin(), all.end(), 0);
+  auto first = rt.new_group(all);
+  auto second = rt.new_group(all);
+  auto hammer = [&](Group& g, float v, const char* name) {
+    set_thread_name(name);
+    for (int i = 0; i < 50; ++i) {
+      std::vector<float> x(i % 2 ? 100 : 100000, v), y(x.size());
+      g.allreduce(x.data(), y.data(), x.size(), DType::float32, ReduceOp::sum);
+      CHECK(y.front() == v * static_cast<float>(size) && y.back() == v * static_cast<float>(size));
+    }
+  };
+  std::thread t1(hammer, std::ref(*first), 1.0f, "first");
+  std::thread t2(hammer, std::ref(*second), 100.0f, "second");
+  t1.join();
+  t2.join();
+  world.barrier();
   Runtime::finalize();
+  // After finalize, kept handles raise instead of touching freed state.
+  bool refused = false;
+  try {
+    first->barrier();
+  } catch (const Error&) {
+    refused = true;
+  }
+  CHECK(refused);
   return check_failures() == 0 ? 0 : 1;
 }
 
