@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import pty
 import re
 import signal
 import socket
 import stat
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -150,6 +152,85 @@ def test_empty_interpreter_runs_the_script_itself(launcher: Launcher, reports: P
 
 
 @pytest.mark.timeout(60)
+def test_a_python_command_runs_as_given(launcher: Launcher, reports: Path) -> None:
+    """`-- python3 script.py` (the mpirun habit) runs python3, not `python python3 script.py`."""
+    done = launcher.run(["-n", "2", "--no-gpu", "--", "python3", "-u", RANK, str(reports),
+                         "--", "a b"])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "stdout line 0 of rank 0\n"
+    assert [r["argv"] for r in read_reports(reports, 2)] == [[str(reports), "--", "a b"]] * 2
+
+    done = launcher.run(["-n", "1", "--no-gpu", "--", "python3", "missing.py"])
+    assert done.returncode == 2
+    assert done.stderr == f"tnt-launch: error: script missing.py not found in {launcher.cwd}\n"
+
+
+@pytest.mark.timeout(60)
+def test_a_program_runs_as_given(launcher: Launcher) -> None:
+    """A shell script or compiled program runs itself, without --python-interpreter ''."""
+    program = launcher.cwd / "show_rank"
+    program.write_text('#!/bin/sh\necho "rank $TNT_RANK of $TNT_SIZE: $*"\n')
+    program.chmod(0o755)
+    for command in ("./show_rank", "show_rank"):
+        done = launcher.run(["-n", "2", "--no-gpu", "--output-on-all-devices", "--", command,
+                             "x  y"])
+        assert done.returncode == 0, done.stderr
+        assert sorted(done.stdout.splitlines()) == [
+            "[rank 0] rank 0 of 2: x  y", "[rank 1] rank 1 of 2: x  y"
+        ]
+
+    done = launcher.run(["-n", "1", "--no-gpu", "--", "no-such-command-anywhere"])
+    assert done.returncode == 2
+    assert done.stderr.startswith("tnt-launch: error: script no-such-command-anywhere not found")
+
+
+@pytest.mark.timeout(60)
+def test_dry_run_into_a_pipe_keeps_commands_and_values_whole(launcher: Launcher) -> None:
+    long_arg = "--data=" + "/a/very/long/folder" * 30
+    long_value = "x" * 400 + " y"
+    launcher.env["COLUMNS"] = "60"
+    done = launcher.run(["-n", "2", "--no-gpu", "-x", f"LONG={long_value}", "--dry-run", "--",
+                         "python3", "train.py", long_arg])
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    for rank in range(2):
+        assert (f"rank {rank} host localhost local_rank {rank}/2 device CPU pinning - cmd: "
+                f"python3 train.py {long_arg}") in lines
+    assert f"LONG={long_value}" in lines
+    assert not any(c in done.stdout for c in "│┃━─")
+
+
+@pytest.mark.timeout(60)
+def test_dry_run_on_a_terminal_draws_tables(launcher: Launcher) -> None:
+    main, tty = pty.openpty()
+    launcher.env["COLUMNS"] = "250"
+    proc = subprocess.Popen(
+        launcher.argv(["-n", "2", "--no-gpu", "--dry-run", "--", "train.py"]), cwd=launcher.cwd,
+        env=launcher.env, stdin=subprocess.DEVNULL, stdout=tty, stderr=subprocess.PIPE,
+    )
+    os.close(tty)
+    seen = b""
+    try:
+        while True:
+            try:
+                chunk = os.read(main, 65536)
+            except OSError:  # EIO: the terminal's other end is closed
+                break
+            if not chunk:
+                break
+            seen += chunk
+        assert proc.wait(timeout=30) == 0
+    finally:
+        os.close(main)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = seen.decode()
+    assert re.search(r"│ 1 +│ localhost +│ 1/2 +│ CPU +│ - +│ .*train\.py", text)
+    assert re.search(r"│ TNT_RANK +│ per rank: 0, 1 ", text)
+
+
+@pytest.mark.timeout(60)
 def test_gpus_from_cuda_visible_devices(launcher: Launcher, reports: Path) -> None:
     launcher.env["CUDA_VISIBLE_DEVICES"] = "3,5"
     done = launcher.run(["--", RANK, str(reports)])
@@ -197,16 +278,17 @@ def test_dry_run_starts_nothing(launcher: Launcher, reports: Path) -> None:
     hostfile = launcher.cwd / "hosts"
     here = socket.gethostname()
     hostfile.write_text(f"{here}\nnode-b slots=2\n")
-    launcher.env["COLUMNS"] = "250"
     done = launcher.run(["--hostfile", str(hostfile), "--no-gpu", "-x", "DATASET=/data",
                          "--dry-run", "--", "train.py", "--epochs", "3"])
     assert done.returncode == 0, done.stderr
     text = done.stdout
-    assert f"3 rank(s) on 2 host(s); rank 0 listens on {here}:" in text
-    assert re.search(rf"│ 0 +│ {re.escape(here)} +│ 0/1 +│ CPU +│ - +│ .*train\.py --epochs 3", text)
-    assert re.search(r"│ 2 +│ node-b \(ssh\) +│ 1/2 +│ CPU", text)
-    assert re.search(r"│ TNT_RANK +│ per rank: 0, 1, 2 ", text)
-    assert re.search(r"│ DATASET +│ /data ", text)
+    lines = text.splitlines()
+    assert f"3 rank(s) on 2 host(s); rank 0 listens on {here}:" in lines[0]
+    assert lines[1] == (f"rank 0 host {here} local_rank 0/1 device CPU pinning - "
+                        f"cmd: {sys.executable} train.py --epochs 3")
+    assert lines[3].startswith("rank 2 host node-b (ssh) local_rank 1/2 device CPU pinning - cmd:")
+    assert "TNT_RANK=per rank: 0, 1, 2" in lines
+    assert "DATASET=/data" in lines
     assert "assumed to have this host's GPUs, CPUs and NUMA nodes: node-b" in text
     assert "Dry run: nothing was started." in text
     assert not list(reports.iterdir())
@@ -220,10 +302,9 @@ def test_an_infinite_timeout_reaches_the_ranks_and_shows_in_the_dry_run(
     done = launcher.run(["-n", "2", "--no-gpu", "--timeout", "1e10", "--", RANK, str(reports)])
     assert done.returncode == 0, done.stderr
     assert [r["env"]["TNT_TIMEOUT_S"] for r in read_reports(reports, 2)] == ["inf", "inf"]
-    launcher.env["COLUMNS"] = "250"
     done = launcher.run(["-n", "2", "--no-gpu", "--timeout", "inf", "--dry-run", "--", "t.py"])
     assert done.returncode == 0, done.stderr
-    assert re.search(r"│ TNT_TIMEOUT_S +│ inf ", done.stdout)
+    assert "TNT_TIMEOUT_S=inf" in done.stdout.splitlines()
     assert "Collective timeout: none, collectives wait forever (TNT_TIMEOUT_S=inf)." in done.stdout
 
 

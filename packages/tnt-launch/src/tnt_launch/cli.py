@@ -8,6 +8,7 @@ import os
 import re
 import secrets
 import shlex
+import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
@@ -15,6 +16,7 @@ from typing import Any, NoReturn
 from rich.console import Console
 
 from tnt_launch import __version__, _agent, jobs
+from tnt_launch.command import EXECUTABLE, PYTHON, SCRIPT, classify, python_target
 from tnt_launch.config import (
     FOREVER_S,
     LOG_LEVELS,
@@ -24,7 +26,7 @@ from tnt_launch.config import (
     LaunchError,
     UsageError,
 )
-from tnt_launch.display import render_plan
+from tnt_launch.display import render_plan, write_plan
 from tnt_launch.hosts import Host, resolve_hosts
 from tnt_launch.plan import HostFacts, JobIdentity, Plan, RankSpec, build_plan
 from tnt_launch.spawn import SshSettings, query_hosts, registry_override
@@ -37,14 +39,17 @@ _FINISH_TIMEOUT_S = 20.0
 
 DESCRIPTION = """\
 Start a tnt job: SCRIPT runs once per rank, with the environment that tnt_keras and tnt_comm
-read to find each other. Ranks run on this host (-n) or on the hosts of a hostfile or Slurm
-allocation, reached over ssh. Only rank 0's output is shown unless --output-on-all-devices is
-given; the first rank to fail stops the job, and tnt-launch exits with its status.
+read to find each other. A .py script runs under Python; a command that starts with a Python
+interpreter (python3 train.py) or names a program (./my_benchmark, hostname) runs as given.
+Ranks run on this host (-n) or on the hosts of a hostfile or Slurm allocation, reached over ssh.
+Only rank 0's output is shown unless --output-on-all-devices is given; the first rank to fail
+stops the job, and tnt-launch exits with its status.
 """
 
 EPILOG = """\
 examples:
   tnt-launch -n 4 -- train.py --epochs 3
+  tnt-launch -n 2 -- python3 -u train.py
   tnt-launch --hostfile hosts --n-per-node 2 --no-gpu -- train.py
   tnt-launch --hostfile hosts --npernode 2 --pin-to-socket -x DATASET=/scratch/data -- train.py
   tnt-launch --hostfile hosts --dry-run -- train.py
@@ -155,9 +160,11 @@ def build_parser() -> argparse.ArgumentParser:
                          metavar="KEY=VALUE",
                          help="export KEY=VALUE (or KEY with its current value) to every rank; "
                               "repeatable, applied in order")
-    runtime.add_argument("--python-interpreter", default=sys.executable, metavar="COMMAND",
+    runtime.add_argument("--python-interpreter", metavar="COMMAND",
                          help="command that runs SCRIPT, may include arguments; '' runs SCRIPT "
-                              "as an executable (default: %(default)s)")
+                              "as an executable (default: a Python script runs under "
+                              f"{sys.executable}; a command starting with a Python interpreter, "
+                              "or a program, runs as given)")
 
     control = parser.add_argument_group("job control")
     control.add_argument("--dry-run", action="store_true",
@@ -223,13 +230,35 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
         raise UsageError(f"no script given: {USAGE}")
 
     try:
-        interpreter = tuple(shlex.split(args.python_interpreter))
+        explicit = (
+            None if args.python_interpreter is None else tuple(shlex.split(args.python_interpreter))
+        )
         ssh_options = tuple(shlex.split(environ.get("TNT_SSH_OPTS", "")))
     except ValueError as e:
         raise UsageError(f"cannot split --python-interpreter or TNT_SSH_OPTS: {e}") from None
 
+    cwd = os.getcwd()
+    exports = _parse_exports(args.exports, environ)
+    script = command[0] if command else None
+    job_script = None
+    if explicit is not None:
+        # The user's word: SCRIPT runs under that command, or, with '', by itself.
+        interpreter = explicit
+        kind = SCRIPT if interpreter else EXECUTABLE
+    elif command:
+        # Ranks on this host look for commands on this PATH (or on the one given with -x).
+        path = dict(exports).get("PATH", environ.get("PATH", os.defpath))
+        decision = classify(command, cwd, path=path)
+        kind, script = decision.kind, decision.program
+        interpreter = (sys.executable,) if kind == SCRIPT else ()
+        if kind == PYTHON:
+            target = python_target(command[1:])
+            job_script = target[0] if target is not None else None
+    else:
+        interpreter, kind = (sys.executable,), SCRIPT
+
     return LaunchConfig(
-        script=command[0] if command else None,
+        script=script,
         script_args=tuple(command[1:]),
         nprocs=args.nprocs,
         hostfile=args.hostfile,
@@ -244,35 +273,49 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
         fusion_threshold_kb=args.fusion_threshold_kb,
         timeout_s=args.timeout_s,
         transport=args.transport,
-        exports=_parse_exports(args.exports, environ),
+        exports=exports,
         python_interpreter=interpreter,
+        command_kind=kind,
+        job_script=job_script,
         dry_run=args.dry_run,
         cleanup=args.cleanup,
         force=args.force,
         ssh_port=args.ssh_port,
         ssh_options=ssh_options,
-        cwd=os.getcwd(),
+        cwd=cwd,
     )
 
 
 def _script_path(config: LaunchConfig) -> str | None:
-    if config.script is None:
+    script = config.registered_script
+    if script is None:
         return None
-    return os.path.realpath(os.path.join(config.cwd, config.script))
+    return os.path.realpath(os.path.join(config.cwd, script))
 
 
 def _check_script(config: LaunchConfig, hosts: Sequence[Host]) -> None:
-    """Fail early on a script that is not there, where that can be seen from here."""
+    """Fail early on a script or program that is not there, where that can be seen from here."""
     script = config.script
     assert script is not None
     if script.startswith("-") or not any(h.local for h in hosts):
         return
     path = os.path.join(config.cwd, script)
-    if config.python_interpreter:
+    if config.command_kind == SCRIPT:
         if not os.path.isfile(path):
             raise UsageError(f"script {script} not found in {config.cwd}")
-    elif "/" in script and not os.access(path, os.X_OK):
-        raise UsageError(f"{script} is not an executable file")
+        return
+    if "/" in script:
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            raise UsageError(f"{script} is not an executable file")
+    elif shutil.which(script, path=dict(config.exports).get("PATH")) is None:
+        hint = f" (./{script} runs the one in this folder)" if os.path.isfile(path) else ""
+        raise UsageError(f"{script}: command not found on PATH{hint}")
+    if config.command_kind == PYTHON:
+        target = python_target(config.script_args)
+        if target is not None and target[1] and not os.path.isfile(
+            os.path.join(config.cwd, target[0])
+        ):
+            raise UsageError(f"script {target[0]} not found in {config.cwd}")
 
 
 def _probe(
@@ -306,7 +349,7 @@ def _rank_request(config: LaunchConfig, plan: Plan, spec: RankSpec) -> dict[str,
         "argv": list(spec.argv),
         "registry": registry_override(),
         "grace": jobs.GRACE_S,
-        "script": config.script,
+        "script": config.registered_script,
         "script_path": _script_path(config),
     }
 
@@ -345,7 +388,11 @@ def launch(config: LaunchConfig) -> int:
     for warning in plan.warnings:
         print(f"tnt-launch: warning: {warning}", file=sys.stderr)
     if config.dry_run:
-        render_plan(plan, Console(), assumed)
+        if sys.stdout.isatty():
+            render_plan(plan, Console(), assumed)
+        else:
+            # Into a file or a pipe: plain lines that no terminal width can wrap.
+            write_plan(plan, sys.stdout, assumed)
         return 0
     if config.output_dir is not None:
         try:
@@ -361,7 +408,7 @@ def launch(config: LaunchConfig) -> int:
         {
             "job_id": plan.job_id,
             "role": "launcher",
-            "script": config.script,
+            "script": config.registered_script,
             "script_path": _script_path(config),
             "processes": [jobs.process_entry(os.getpid())],
         },
@@ -381,7 +428,7 @@ def cleanup(config: LaunchConfig) -> int:
     ssh = SshSettings(config.ssh_port, config.ssh_options)
     request = {
         "mode": "cleanup",
-        "script": config.script,
+        "script": config.registered_script,
         "script_path": _script_path(config),
         "force": config.force,
         "registry": registry_override(),
@@ -394,7 +441,7 @@ def cleanup(config: LaunchConfig) -> int:
             failed = True
         elif not stopped:
             print(f"{host.name}: no running tnt-launch jobs"
-                  + (f" of {config.script}" if config.script else ""))
+                  + (f" of {config.registered_script}" if config.registered_script else ""))
         for job in stopped or ():
             print(f"{host.name}: stopped job {job['job_id']} ({job['script']}, "
                   f"{job['processes']} process(es))")

@@ -59,12 +59,25 @@ class LaunchConfig:
     transport: str = "auto"
     exports: tuple[tuple[str, str], ...] = ()
     python_interpreter: tuple[str, ...] = ()
+    """What SCRIPT runs under; empty: SCRIPT runs itself (a Python command line, a program)."""
+    command_kind: str = "script"
+    """"script" (SCRIPT [ARGS] under the interpreter), "python" (a Python command line such as
+    `python3 train.py`, run as given) or "executable" (a program, run as given)."""
+    job_script: str | None = None
+    """What names the job in the registry and for --cleanup when that is not `script`: the script
+    (or `-m` module) of a Python command line."""
     dry_run: bool = False
     cleanup: bool = False
     force: bool = False
     ssh_port: int | None = None
     ssh_options: tuple[str, ...] = ()
     cwd: str = "."
+
+    @property
+    def registered_script(self) -> str | None:
+        """The script that names the job for --cleanup: `train.py` for both `-- train.py` and
+        `-- python3 train.py`."""
+        return self.job_script if self.job_script is not None else self.script
 
     @property
     def pinning(self) -> bool:

@@ -1,47 +1,106 @@
-"""What `--dry-run` prints: the plan as a table of ranks and the environment they get."""
+"""What `--dry-run` prints: the plan as a table of ranks and the environment they get.
+
+On a terminal the plan is drawn as tables (`render_plan`); into a file or a pipe it is written as
+plain lines (`write_plan`), one per rank and one per variable, never wrapped, so that `grep` finds
+every command and value whole.
+"""
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Sequence
+from typing import TextIO
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from tnt_launch.plan import Plan
+from tnt_launch.plan import Plan, RankSpec
 
 _SECRET = "TNT_JOB_TOKEN"
+_SECRET_TEXT = "(secret: 32 random hex digits, new for every launch)"
+_REMOTE_ONLY = "[ranks on other hosts; ranks on this host inherit it]"
 _MAX_LISTED = 8
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_ESCAPES = {"\\": "\\\\", "'": "\\'", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
-def _per_rank(values: Sequence[str]) -> str:
-    shown = [v if v else '""' for v in values]
-    if len(shown) > _MAX_LISTED:
-        shown = shown[: _MAX_LISTED - 2] + ["...", shown[-1]]
+def one_line(text: str) -> str:
+    """`text` as it is, or, when it holds a line break or another control character, in the
+    shell's $'...' quoting (`$'line 1\\nline 2'`), so that it stays on one line."""
+    if not _CONTROL.search(text):
+        return text
+    body = "".join(
+        _ESCAPES.get(c) or (f"\\x{ord(c):02x}" if _CONTROL.match(c) else c) for c in text
+    )
+    return f"$'{body}'"
+
+
+def command_line(argv: Sequence[str]) -> str:
+    """The command as a shell would read it, on one line."""
+    return " ".join(one_line(w) if _CONTROL.search(w) else shlex.quote(w) for w in argv)
+
+
+def _per_rank(values: Sequence[str], limit: int | None = _MAX_LISTED) -> str:
+    shown = [one_line(v) if v else '""' for v in values]
+    if limit is not None and len(shown) > limit:
+        shown = shown[: limit - 2] + ["...", shown[-1]]
     return "per rank: " + ", ".join(shown)
+
+
+def _variables(plan: Plan) -> list[tuple[str, list[str], bool]]:
+    """(name, the values of the ranks that get it, whether only ranks on other hosts get it) of
+    every exported variable, in the order they are set."""
+    names: list[str] = []
+    for spec in plan.ranks:
+        names.extend(name for name in spec.env if name not in names)
+    result = []
+    for name in names:
+        values = [spec.env[name] for spec in plan.ranks if name in spec.env]
+        result.append((name, values, len(values) < plan.size))
+    return result
 
 
 def environment_rows(plan: Plan) -> list[tuple[str, str]]:
     """One (variable, value) row per exported variable; values that differ between ranks are
     listed per rank, and the job token is not shown."""
-    names: list[str] = []
-    for spec in plan.ranks:
-        names.extend(name for name in spec.env if name not in names)
     rows = []
-    for name in names:
-        holders = [spec for spec in plan.ranks if name in spec.env]
-        values = [spec.env[name] for spec in holders]
+    for name, values, remote_only in _variables(plan):
         if name == _SECRET:
-            value = "(secret: 32 random hex digits, new for every launch)"
+            value = _SECRET_TEXT
         elif len(set(values)) == 1:
             value = values[0] if values[0] else '"" (empty)'
         else:
             value = _per_rank(values)
-        if len(holders) < plan.size:
-            value += "  [ranks on other hosts; ranks on this host inherit it]"
+        if remote_only:
+            value += "  " + _REMOTE_ONLY
         rows.append((name, value))
     return rows
+
+
+def environment_lines(plan: Plan) -> list[str]:
+    """One `NAME=VALUE` line per exported variable: the value exactly (in $'...' quoting when it
+    holds a line break), every rank's value when they differ, and no job token."""
+    lines = []
+    for name, values, remote_only in _variables(plan):
+        if name == _SECRET:
+            value = _SECRET_TEXT
+        elif len(set(values)) == 1:
+            value = one_line(values[0])
+        else:
+            value = _per_rank(values, limit=None)
+        lines.append(f"{name}={value}" + (f"  {_REMOTE_ONLY}" if remote_only else ""))
+    return lines
+
+
+def rank_line(spec: RankSpec) -> str:
+    """One rank of the plan on one line, its full command last."""
+    host = spec.host if spec.local else f"{spec.host} (ssh)"
+    return (
+        f"rank {spec.rank} host {host} local_rank {spec.local_rank}/{spec.local_size} "
+        f"device {spec.device} pinning {spec.pinning} cmd: {command_line(spec.argv)}"
+    )
 
 
 def describe_timeout(value: str | None) -> str:
@@ -57,15 +116,38 @@ def describe_timeout(value: str | None) -> str:
     return f"Collective timeout: {value} s without progress (TNT_TIMEOUT_S={value})."
 
 
-def render_plan(plan: Plan, console: Console, assumed: Sequence[str] = ()) -> None:
-    hosts = len(plan.hosts)
-    console.print(
-        Text(
-            f"Plan of job {plan.job_id}: {plan.size} rank(s) on {hosts} host(s); "
-            f"rank 0 listens on {plan.master_addr}:{plan.master_port}",
-            style="bold",
-        )
+def _title(plan: Plan) -> str:
+    return (
+        f"Plan of job {plan.job_id}: {plan.size} rank(s) on {len(plan.hosts)} host(s); "
+        f"rank 0 listens on {plan.master_addr}:{plan.master_port}"
     )
+
+
+def _assumed(assumed: Sequence[str]) -> str:
+    return (
+        "Not contacted for a dry run, assumed to have this host's GPUs, CPUs and NUMA "
+        f"nodes: {', '.join(assumed)}."
+    )
+
+
+_DONE = "Dry run: nothing was started."
+
+
+def write_plan(plan: Plan, out: TextIO, assumed: Sequence[str] = ()) -> None:
+    """The plan as plain lines, for a file or a pipe: nothing wrapped, nothing drawn."""
+    lines = [_title(plan), *(rank_line(spec) for spec in plan.ranks)]
+    lines += ["Environment exported to the ranks:", *environment_lines(plan)]
+    lines.append(describe_timeout(plan.timeout))
+    if assumed:
+        lines.append(_assumed(assumed))
+    lines.append(_DONE)
+    out.write("".join(line + "\n" for line in lines))
+    out.flush()
+
+
+def render_plan(plan: Plan, console: Console, assumed: Sequence[str] = ()) -> None:
+    """The plan as tables, for a terminal."""
+    console.print(Text(_title(plan), style="bold"))
     table = Table(show_lines=False, header_style="bold")
     for column in ("rank", "host", "local rank", "device", "pinning", "command"):
         table.add_column(column, overflow="fold")
@@ -78,7 +160,7 @@ def render_plan(plan: Plan, console: Console, assumed: Sequence[str] = ()) -> No
             Text(f"{spec.local_rank}/{spec.local_size}"),
             Text(spec.device),
             Text(spec.pinning),
-            Text(shlex.join(spec.argv)),
+            Text(command_line(spec.argv)),
         )
     console.print(table)
 
@@ -91,10 +173,5 @@ def render_plan(plan: Plan, console: Console, assumed: Sequence[str] = ()) -> No
     console.print(env)
     console.print(Text(describe_timeout(plan.timeout)))
     if assumed:
-        console.print(
-            Text(
-                "Not contacted for a dry run, assumed to have this host's GPUs, CPUs and NUMA "
-                f"nodes: {', '.join(assumed)}."
-            )
-        )
-    console.print(Text("Dry run: nothing was started."))
+        console.print(Text(_assumed(assumed)))
+    console.print(Text(_DONE))
