@@ -49,6 +49,16 @@ std::vector<int> Operation::waiting_ranks() const {
   return ranks;
 }
 
+std::vector<int> Operation::needs_more_from() const {
+  std::vector<int> ranks;
+  for (std::size_t m = 0; m < recvs_.size(); ++m) {
+    if (static_cast<int>(m) != members_->me && (!recvs_[m].all_examined() || !sends_[m].finished())) {
+      ranks.push_back(members_->world_ranks[m]);
+    }
+  }
+  return ranks;
+}
+
 std::string Operation::waiting_for() const {
   std::string who;
   for (std::size_t m = 0; m < recvs_.size(); ++m) {

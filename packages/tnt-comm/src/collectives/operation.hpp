@@ -106,6 +106,9 @@ class Operation {
   // Which ranks the operation still waits for (for timeout messages), as text and as world ranks.
   virtual std::string waiting_for() const;
   std::vector<int> waiting_ranks() const;
+  // World ranks that still have to send us a message of this operation or take one from us
+  // (messages that arrived but wait for others to be used do not count).
+  std::vector<int> needs_more_from() const;
 
   const Descriptor& descriptor() const { return desc_; }
   // Whether a caller is blocked in this very call (set at submission).

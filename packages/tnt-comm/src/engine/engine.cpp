@@ -179,7 +179,7 @@ void Engine::wait_for_doorbell(std::uint32_t seen, Deadline deadline, Deadline s
 
 void Engine::check_departed(const std::vector<bool>& gone) {
   for (const auto& op : active_) {
-    for (int r : op->waiting_ranks()) {
+    for (int r : op->needs_more_from()) {
       if (!gone[static_cast<std::size_t>(r)]) continue;
       fabric_.fail(FailureKind::peer, r,
                    "rank " + std::to_string(r) + " finalized and left the job while rank " +
