@@ -158,7 +158,7 @@ def wrap(callback: keras.callbacks.Callback, tnt_model: keras.Model) -> Callback
     """The tnt policy for one callback passed to ``fit``/``evaluate``/``predict``."""
     if isinstance(callback, Callback):
         wrapped = callback
-    elif isinstance(callback, keras.callbacks.ProgbarLogger):
+    elif isinstance(callback, keras.callbacks.ProgbarLogger):  # wrap_all hands it to Keras unwrapped
         wrapped = Callback(callback, aggregate_logs=False, run_on_all_ranks=runtime.output_on_all_devices())
     elif isinstance(callback, keras.callbacks.TensorBoard):
         on_all = runtime.tensorboard_on_all_devices()
@@ -191,8 +191,27 @@ def wrap(callback: keras.callbacks.Callback, tnt_model: keras.Model) -> Callback
     return wrapped
 
 
-def wrap_all(callbacks: Iterable[keras.callbacks.Callback] | None, tnt_model: keras.Model) -> list[Callback]:
-    return [wrap(cb, tnt_model) for cb in (callbacks or [])]
+def wrap_all(
+    callbacks: Iterable[keras.callbacks.Callback] | None, tnt_model: keras.Model
+) -> list[keras.callbacks.Callback]:
+    """The callbacks to hand to the wrapped model's ``fit``/``evaluate``/``predict``.
+
+    A ``ProgbarLogger`` or ``History`` passed by the user goes to Keras unwrapped, since Keras adds
+    its default one only when the list holds none (a wrapped one would be a second progress bar or
+    history). The progress bar is left out on ranks that do not print, where Keras, told
+    ``verbose=0``, adds none either.
+    """
+    handed: list[keras.callbacks.Callback] = []
+    for callback in callbacks or []:
+        bare = callback.callback if isinstance(callback, Callback) else callback
+        if isinstance(bare, keras.callbacks.ProgbarLogger):
+            if runtime.prints_here():
+                handed.append(bare)
+        elif isinstance(callback, keras.callbacks.History):
+            handed.append(callback)  # the same on every rank: the logs are global
+        else:
+            handed.append(wrap(callback, tnt_model))
+    return handed
 
 
 def _rank_log_dir(callback: keras.callbacks.TensorBoard) -> None:

@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import tempfile
+import zipfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -220,6 +221,141 @@ def _warn_if_diverged(model: keras.Model) -> None:
         )
 
 
+# The public names of ``keras.Model`` that ``tnt.Model`` does not hand to the wrapped model, and why.
+# Every other public name of ``keras.Model``, and the attributes in ``_FORWARDED_ATTRIBUTES``, is the
+# wrapped model's own: read, called and set there.
+INTERCEPTED: dict[str, str] = {
+    "fit": "slices every global batch over the ranks, gives every rank rank 0's variables first, "
+    "and applies tnt's callback policy",
+    "evaluate": "slices every global batch over the ranks and gives every rank rank 0's variables first",
+    "predict": "slices every global batch over the ranks and gathers all predictions, in input order, on every rank",
+    "compile": "refuses jit_compile=True and Ftrl, and installs the gradient sum and the global metrics",
+    "compile_from_config": "compiles through tnt's compile",
+    "save": "writes the wrapped model's .keras file, on rank 0 only and atomically",
+    "save_weights": "writes on rank 0 only and atomically, after checking the name on every rank",
+    "load_weights": "collective: waits for every rank, then every rank takes rank 0's values",
+    "set_weights": "collective: every rank takes rank 0's values",
+    "set_state_tree": "collective: every rank takes rank 0's values",
+    "export": "exports on rank 0 only",
+    "from_config": "wraps the model that Keras rebuilds from the wrapped model's config",
+    "get_build_config": "adds the wrapped model's class, which a subclassed model's config does not name",
+    "build_from_config": "rebuilds the wrapped model of that class when Keras deserializes a tnt.Model",
+    "call": "the wrapper is a Keras layer of its own, and calling it calls the wrapped model",
+    "compute_output_spec": "forwards, leaving out the training and mask arguments that the wrapped model's call "
+    "does not take (as calling the wrapped model would)",
+    "symbolic_call": "Keras' machinery for calling the wrapper itself as a layer",
+    "quantized_call": "Keras' machinery for calling the wrapper itself as a layer",
+    "rematerialized_call": "Keras' machinery for calling the wrapper itself as a layer",
+    "save_own_variables": "Keras' saving walks the wrapper itself: it has no variables of its own, and the wrapped "
+    "model's are saved beneath it",
+    "load_own_variables": "Keras' saving walks the wrapper itself (as save_own_variables)",
+}
+
+# Attributes that Keras documents but sets on each model instance, not on the class; the wrapper's own
+# Keras initialisation would otherwise hide the wrapped model's.
+_FORWARDED_ATTRIBUTES = ("compiled", "optimizer", "steps_per_execution", "stop_training")
+
+_NO_CLASS = (
+    "tnt: this config does not name the model's class (a subclassed model's get_config() holds only its own "
+    "arguments), so no model can be rebuilt from it. Rebuild it with its class and wrap it, "
+    "tnt.Model(MyModel.from_config(config)), or keep a config that names the class: model.to_json() or "
+    "keras.saving.serialize_keras_object(model)."
+)
+
+
+def _awaiting(obj: Any) -> bool:
+    local = obj.__dict__.get("_tnt_local")
+    return bool(local) and "awaiting" in local
+
+
+class _Forwarded:
+    """The wrapped model's attribute ``name``: read, called, set and deleted on the wrapped model.
+
+    Until a wrapped model is attached (while Keras initialises the wrapper as a layer of its own), it
+    is the wrapper's own attribute, as ``keras.Model`` defines it.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.base = inspect.getattr_static(keras.Model, name, None)
+        self.__doc__ = getattr(self.base, "__doc__", None)
+
+    def _base_get(self, obj: Any, owner: Any) -> Any:
+        if self.base is None:
+            raise AttributeError(self.name)
+        return self.base.__get__(obj, owner) if hasattr(self.base, "__get__") else self.base
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        if obj is None:  # on the class: Keras' attribute, for help() and inspect
+            return self._base_get(None, owner)
+        model = obj.__dict__.get("_model")
+        if model is not None:
+            return getattr(model, self.name)
+        if _awaiting(obj):
+            raise AttributeError(f"{self.name}: {_NO_CLASS}")
+        if self.name in obj.__dict__:
+            return obj.__dict__[self.name]
+        return self._base_get(obj, owner)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        model = obj.__dict__.get("_model")
+        if model is not None:
+            setattr(model, self.name, value)
+        elif hasattr(self.base, "__set__"):
+            self.base.__set__(obj, value)
+        else:
+            obj.__dict__[self.name] = value
+
+    def __delete__(self, obj: Any) -> None:
+        model = obj.__dict__.get("_model")
+        if model is not None:
+            delattr(model, self.name)
+        elif self.name in obj.__dict__:
+            del obj.__dict__[self.name]
+        else:
+            raise AttributeError(self.name)
+
+
+def _is_wrapper_config(config: dict[str, Any]) -> bool:
+    """A config written by tnt before its configs were the wrapped model's: ``{"model": ..., "name": ...}``."""
+    inner = config.get("model")
+    return isinstance(inner, dict) and "class_name" in inner and "layers" not in config
+
+
+_SEQUENTIAL_KEYS = frozenset({"name", "trainable", "dtype", "layers", "build_input_shape"})
+
+
+def _from_bare_config(config: dict[str, Any], custom_objects: Any = None) -> keras.Model | None:
+    """The Functional or Sequential model that a bare ``get_config()`` describes, rebuilt as Keras
+    does (from a copy: Keras consumes the config); None for any other config (a subclassed model's
+    does not name its class)."""
+    if all(key in config for key in ("name", "layers", "input_layers", "output_layers")):
+        return keras.Model.from_config(copy.deepcopy(config), custom_objects=custom_objects)
+    layers = config.get("layers")
+    if (
+        "name" in config
+        and set(config) <= _SEQUENTIAL_KEYS
+        and isinstance(layers, list)
+        and all(isinstance(layer, dict) and "class_name" in layer for layer in layers)
+    ):
+        return keras.Sequential.from_config(copy.deepcopy(config), custom_objects=custom_objects)
+    return None
+
+
+def _is_wrapper_file(path: str) -> bool:
+    """Whether a ``.keras`` file holds a serialized ``tnt.Model`` (whose weights lie beneath the
+    wrapper) rather than a Keras model (as ``tnt.Model.save`` writes)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            config = json.loads(archive.read("config.json"))
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+        return False
+    return isinstance(config, dict) and config.get("registered_name") == "tnt>Model"
+
+
+# Registered so that Keras can rebuild a serialized tnt.Model (keras.models.clone_model of a tnt.Model,
+# keras.saving.save_model called on one, and .keras files of earlier tnt versions). tnt.Model.save
+# writes the wrapped model itself, which plain Keras loads without tnt.
 @keras.saving.register_keras_serializable(package="tnt", name="Model")
 class Model(keras.Model):
     """Wraps a Keras model (Functional, Sequential or subclassed) for data-parallel training.
@@ -235,20 +371,31 @@ class Model(keras.Model):
         model.fit(train_ds.batch(256), epochs=3)   # 256 is the GLOBAL batch size
 
     Start the script with ``tnt-launch -n 4 -- train.py``; without it the script runs as one rank.
+
+    Every public attribute and method of ``keras.Model`` is the wrapped model's (``input_spec``,
+    ``get_config``, ``to_json``, ``compute_output_shape``, ``layers``, ``summary``, ...), except the
+    ones listed in ``tnt_keras.model.INTERCEPTED``, with the reason for each.
     """
 
     def __init__(self, model: keras.Model, **kwargs: Any) -> None:
         if isinstance(model, Model):
-            model = model._model
+            model = model.model
         if not isinstance(model, keras.Model):
             raise TypeError(f"tnt.Model wraps a keras.Model, got {type(model).__name__}")
         kwargs.setdefault("name", f"tnt_{model.name}")
+        self._start(**kwargs)
+        self._adopt(model)
+
+    def _start(self, **kwargs: Any) -> None:
+        """Initialises the wrapper as a Keras model of its own, still without a wrapped model."""
         self._tnt_local: dict[str, Any] = {}
-        super().__init__(**kwargs)
-        self._model = model
-        self.built = True
+        keras.Model.__init__(self, **kwargs)
         self._tnt_rank = runtime.get_rank()
         self._tnt_size = runtime.get_size()
+
+    def _adopt(self, model: keras.Model) -> None:
+        self._model = model
+        self.built = True
         if model.compiled:
             self._install_hooks()
 
@@ -257,24 +404,24 @@ class Model(keras.Model):
     def __getattr__(self, name: str) -> Any:
         model = self.__dict__.get("_model")
         if model is None or name.startswith("__"):
+            if model is None and _awaiting(self) and (name == "_model" or not name.startswith("_")):
+                raise AttributeError(f"{name}: {_NO_CLASS}")
             raise AttributeError(name)
         return getattr(model, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Straight to the wrapped model, without tracking the value in the wrapper first.
+        if name in _FORWARDED and self.__dict__.get("_model") is not None:
+            setattr(self.__dict__["_model"], name, value)
+        else:
+            super().__setattr__(name, value)
 
     @property
     def model(self) -> keras.Model:
         """The wrapped Keras model."""
         return self._model
 
-    # Keras' fit loop and callbacks read and write these on the model they run on.
-    @property
-    def stop_training(self) -> bool:
-        return bool(getattr(self._model, "stop_training", False))
-
-    @stop_training.setter
-    def stop_training(self, value: bool) -> None:
-        if "_model" in self.__dict__:
-            self._model.stop_training = value
-
+    # Keras' fit loop and callbacks read and write this on the model they run on.
     @property
     def _initial_epoch(self) -> Any:
         model = self.__dict__.get("_model")
@@ -288,41 +435,78 @@ class Model(keras.Model):
         else:
             model._initial_epoch = value
 
-    @property
-    def metrics(self) -> list[Any]:
-        return self._model.metrics if "_model" in self.__dict__ else []
-
-    @property
-    def metrics_names(self) -> list[str]:
-        return self._model.metrics_names
-
-    @property
-    def layers(self) -> list[Any]:
-        return self._model.layers
-
     def call(self, inputs: Any, training: Any = None) -> Any:
         return self._model(inputs, training=training)
 
-    def summary(self, *args: Any, **kwargs: Any) -> None:
-        return self._model.summary(*args, **kwargs)
+    def compute_output_spec(self, *args: Any, **kwargs: Any) -> Any:
+        model = self._model
+        for name, takes in (("training", "_call_has_training_arg"), ("mask", "_call_has_mask_arg")):
+            if name in kwargs and not getattr(model, takes, True):
+                kwargs.pop(name)
+        return model.compute_output_spec(*args, **kwargs)
 
     # -- configuration -----------------------------------------------------------------------------
 
-    def get_config(self) -> dict[str, Any]:
-        # Architecture only, as in Keras: the compile settings are the wrapper's own compile_config.
-        inner = keras.saving.serialize_keras_object(self._model)
-        inner.pop("compile_config", None)
-        return {"model": inner, "name": self.name}
-
     @classmethod
     def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> Model:
-        """A new, uncompiled ``tnt.Model`` (Keras compiles it afterwards only when loading a file
-        with ``compile=True``)."""
-        # Keras consumes the dict it deserializes; the caller's config stays reusable. Configs of
-        # older versions still carry the wrapped model's compile settings: leave them out.
-        inner_config = {k: v for k, v in config["model"].items() if k != "compile_config"}
-        inner = keras.saving.deserialize_keras_object(copy.deepcopy(inner_config), custom_objects=custom_objects)
-        return cls(inner, name=config.get("name"))
+        """A new, uncompiled ``tnt.Model`` around the model that Keras rebuilds from ``config``: the
+        ``get_config()`` of a Functional or Sequential model, wrapped or not (Keras compiles it
+        afterwards only when loading a file with ``compile=True``).
+
+        A subclassed model's ``get_config()`` does not name its class: wrap what its class rebuilds,
+        ``tnt.Model(MyModel.from_config(config))``. (When Keras itself deserializes a ``tnt.Model``,
+        the class comes from the wrapper's build config, see ``get_build_config``.)
+        """
+        if _is_wrapper_config(config):
+            # Earlier tnt versions' configs, {"model": <serialized model>, "name": ...}, some with the
+            # wrapped model's compile settings, which a config leaves out. Keras consumes what it
+            # deserializes: the caller's config stays reusable.
+            inner_config = {k: v for k, v in config["model"].items() if k != "compile_config"}
+            inner = keras.saving.deserialize_keras_object(copy.deepcopy(inner_config), custom_objects=custom_objects)
+            return cls(inner, name=config.get("name"))
+        inner = _from_bare_config(config, custom_objects)
+        if inner is not None:
+            return cls(inner)
+        # Keras' deserialization calls build_from_config next, with the class; until then the wrapper
+        # has no wrapped model, and using it raises an error that says so.
+        wrapper = cls.__new__(cls)
+        wrapper._start(name=f"tnt_{config.get('name', 'model')}")
+        wrapper._tnt_local["awaiting"] = (copy.deepcopy(config), custom_objects)
+        wrapper.built = False
+        return wrapper
+
+    def get_build_config(self) -> dict[str, Any]:
+        """The wrapped model's build config, and its class: when Keras deserializes a ``tnt.Model``
+        (``keras.models.clone_model``, ``keras.saving.save_model`` and load), the wrapped model's config
+        alone does not name a subclassed model's class."""
+        cls = type(self._model)
+        config: dict[str, Any] = {
+            "tnt_model_class": {
+                "module": cls.__module__,
+                "class_name": cls.__name__,
+                "registered_name": keras.saving.get_registered_name(cls),
+            }
+        }
+        inner = self._model.get_build_config()
+        if inner is not None:
+            config["build_config"] = inner
+        return config
+
+    def build_from_config(self, config: dict[str, Any]) -> None:
+        named = config.get("tnt_model_class") if isinstance(config, dict) else None
+        inner_build = config.get("build_config") if named is not None else config
+        awaiting = self._tnt_local.pop("awaiting", None)
+        if awaiting is not None:
+            if not named:
+                raise ValueError(_NO_CLASS)
+            inner_config, custom_objects = awaiting
+            serialized = {**named, "config": copy.deepcopy(inner_config)}
+            if inner_build:
+                serialized["build_config"] = inner_build
+            self._adopt(keras.saving.deserialize_keras_object(serialized, custom_objects=custom_objects))
+            return
+        if inner_build and not self._model.built:
+            self._model.build_from_config(inner_build)
 
     def compile(self, *args: Any, jit_compile: Any = "auto", **kwargs: Any) -> None:
         """As the wrapped model's ``compile`` (Keras' or the model's own override, whatever its
@@ -361,9 +545,6 @@ class Model(keras.Model):
                     reduction,
                     reduction,
                 )
-
-    def get_compile_config(self) -> dict[str, Any]:
-        return self._model.get_compile_config()
 
     def compile_from_config(self, config: dict[str, Any]) -> None:
         config = keras.saving.deserialize_keras_object(config)
@@ -619,13 +800,15 @@ class Model(keras.Model):
 
     # -- weights and files -------------------------------------------------------------------------
 
-    def get_weights(self) -> list[np.ndarray]:
-        return self._model.get_weights()
-
     def set_weights(self, weights: Any) -> None:
         """Sets the weights, then every rank takes rank 0's (so all ranks stay identical)."""
         self._model.set_weights(weights)
         reduce.broadcast_variables(self._model.weights)
+
+    def set_state_tree(self, state_tree: dict[str, Any]) -> None:
+        """As Keras' ``set_state_tree``, then every rank takes rank 0's model and optimizer variables."""
+        self._model.set_state_tree(state_tree)
+        reduce.broadcast_variables(reduce.model_and_optimizer_variables(self._model))
 
     def _writes_here(self, tnt_save_all_devices: bool) -> bool:
         return tnt_save_all_devices or runtime.is_master_rank()
@@ -639,7 +822,9 @@ class Model(keras.Model):
     ) -> None:
         """Saves the whole model to a ``.keras`` file, on the master rank only, atomically.
 
-        With ``overwrite=False`` it is collective: every rank raises ``FileExistsError`` if the file exists.
+        The file holds the wrapped Keras model, as its own ``save`` writes it: plain Keras loads it
+        without tnt, and ``tnt.models.load_model`` loads it as a ``tnt.Model``. With
+        ``overwrite=False`` it is collective: every rank raises ``FileExistsError`` if the file exists.
         """
         path = os.fspath(filepath)
         if path.endswith((".h5", ".hdf5")):
@@ -652,7 +837,7 @@ class Model(keras.Model):
             raise ValueError(f"tnt: whole-model files end in .keras (got {path!r}); for SavedModel use export()")
         _refuse_existing(path, overwrite, tnt_save_all_devices)
         if self._writes_here(tnt_save_all_devices):
-            _write_atomically(path, lambda tmp: keras.saving.save_model(self, tmp, **kwargs))
+            _write_atomically(path, lambda tmp: keras.saving.save_model(self._model, tmp, **kwargs))
 
     def save_weights(
         self,
@@ -686,7 +871,9 @@ class Model(keras.Model):
         """
         path = os.fspath(filepath)
         reduce.barrier()
-        target = self if path.endswith(".keras") else self._model
+        # A serialized tnt.Model (an earlier tnt's save, keras.saving.save_model of a tnt.Model) keeps
+        # the weights beneath the wrapper; every other file is a Keras model's.
+        target = self if path.endswith(".keras") and _is_wrapper_file(path) else self._model
         keras.Model.load_weights(target, path, *args, **kwargs)
         reduce.broadcast_variables(reduce.model_and_optimizer_variables(self._model))
 
@@ -695,6 +882,15 @@ class Model(keras.Model):
         if self._writes_here(tnt_save_all_devices):
             return self._model.export(filepath, *args, **kwargs)
         return None
+
+
+_FORWARDED = frozenset(
+    {name for name in dir(keras.Model) if not name.startswith("_") and name not in INTERCEPTED}
+    | set(_FORWARDED_ATTRIBUTES)
+)
+for _name in sorted(_FORWARDED):
+    setattr(Model, _name, _Forwarded(_name))
+del _name
 
 
 def _reassemble(local: Any, rows: np.ndarray) -> Any:

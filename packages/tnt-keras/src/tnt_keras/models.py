@@ -10,7 +10,7 @@ from typing import Any
 import keras
 
 from . import reduce
-from .model import Model
+from .model import _NO_CLASS, Model, _from_bare_config, _is_wrapper_config
 
 
 def _as_tnt(model: keras.Model) -> Model:
@@ -24,7 +24,8 @@ def save_model(
     tnt_save_all_devices: bool = False,
     **kwargs: Any,
 ) -> None:
-    """Saves a ``tnt.Model`` or a plain ``keras.Model`` to a ``.keras`` file, on the master rank only."""
+    """Saves a ``tnt.Model`` or a plain ``keras.Model`` to a ``.keras`` file, on the master rank only.
+    The file holds the Keras model (the wrapped one of a ``tnt.Model``): plain Keras loads it too."""
     _as_tnt(model).save(filepath, overwrite=overwrite, tnt_save_all_devices=tnt_save_all_devices, **kwargs)
 
 
@@ -32,7 +33,8 @@ def load_model(
     filepath: str | os.PathLike[str], custom_objects: Any = None, compile: bool = True, **kwargs: Any
 ) -> Model:
     """Loads a ``.keras`` file as a ``tnt.Model``: compiled, with its optimizer state, if it was saved
-    compiled and ``compile`` is True; uncompiled with ``compile=False``.
+    compiled and ``compile`` is True; uncompiled with ``compile=False``. The file may come from
+    ``tnt.Model.save`` or from plain Keras; Keras loads the model and tnt wraps it.
 
     Collective: call it on every rank. It first waits for all ranks, so a file that rank 0 has
     just written (``save``, ``ModelCheckpoint``) is complete before anyone reads it; every rank
@@ -46,10 +48,21 @@ def load_model(
 
 
 def model_from_config(config: dict[str, Any], custom_objects: Any = None) -> Model:
-    """A new, uncompiled ``tnt.Model`` from a model's config: ``tnt.Model.get_config()`` output, or a
-    serialized tnt or Keras model (``keras.saving.serialize_keras_object(model)``, ``json.loads(to_json())``)."""
-    if "class_name" not in config:  # the bare output of Model.get_config()
-        return Model.from_config(config, custom_objects=custom_objects)
+    """A new, uncompiled ``tnt.Model`` around the model that Keras rebuilds from ``config``.
+
+    ``config`` is a serialized model, ``{"class_name": ..., "config": ...}`` as
+    ``keras.saving.serialize_keras_object(model)`` and ``json.loads(model.to_json())`` give it (of a
+    tnt or a Keras model), or the bare ``get_config()`` of a Functional or Sequential model (wrapped
+    or not). A subclassed model's bare ``get_config()`` does not name its class: wrap what the class
+    rebuilds, ``tnt.Model(MyModel.from_config(config))``.
+    """
+    if "class_name" not in config:  # the bare output of get_config()
+        if _is_wrapper_config(config):  # of an earlier tnt version
+            return Model.from_config(config, custom_objects=custom_objects)
+        inner = _from_bare_config(config, custom_objects)
+        if inner is None:
+            raise ValueError(_NO_CLASS)
+        return Model(inner)
     # Keras would compile the model from the serialized compile settings; an architecture is uncompiled.
     # Keras also consumes the dict it deserializes: the caller's config stays reusable.
     config = copy.deepcopy({k: v for k, v in config.items() if k != "compile_config"})

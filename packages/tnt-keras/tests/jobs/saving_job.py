@@ -19,6 +19,13 @@ def continue_training(model: keras.Model) -> list[np.ndarray]:
     return model.get_weights()
 
 
+def rebuild_subclassed(original: keras.Model, config: dict) -> keras.Model:
+    """As Keras rebuilds a subclassed model: its class from the config, then built from the build config."""
+    rebuilt = type(original).from_config(config)
+    rebuilt.build_from_config(original.get_build_config())
+    return rebuilt
+
+
 for kind in ("functional", "sequential", "subclassed", "custom_step"):
     model = tnt.Model(build(kind))
     model.compile(**compile_args("adam"))
@@ -38,9 +45,17 @@ for kind in ("functional", "sequential", "subclassed", "custom_step"):
     plain.fit(dataset(12, 12), epochs=1, verbose=0)
     plain.load_weights(files / f"{kind}.weights.h5")
 
+    if kind in ("functional", "sequential"):
+        from_bare_config = {
+            "config": tnt.models.model_from_config(config),
+            "from_config": tnt.Model.from_config(config),
+        }
+    else:  # get_config() is the wrapped model's, and a subclassed model's does not name its class
+        from_bare_config = {
+            name: tnt.Model(rebuild_subclassed(model.model, config)) for name in ("config", "from_config")
+        }
     architecture = {
-        "config": tnt.models.model_from_config(config),
-        "from_config": tnt.Model.from_config(config),
+        **from_bare_config,
         "json": tnt.models.model_from_json(json_config),
         # Keras-style configs with class_name: the wrapper's and the plain wrapped model's.
         "serialized": tnt.models.model_from_config(keras.saving.serialize_keras_object(model)),
