@@ -169,7 +169,8 @@ else:
     suite()
     o._select("auto")
 out["compiled"] = compile_count()
-out["warnings"] = [m for lvl, m in records if lvl == "WARNING"]
+# The one notice that a compile starts is expected; any other warning is a failure.
+out["warnings"] = [m for lvl, m in records if lvl == "WARNING" and "compiling the TensorFlow op" not in m]
 from tnt_keras.ops import _build
 
 out["library"] = str(_build.library_path(_build.compiler()))
@@ -185,7 +186,7 @@ if os.environ.get("BUILD_FAILURES") == "1":  # no compiler, a failing compiler: 
         before = len(records)
         o._select("auto")
         assert o.backend() == "numpy_function"
-        new = [(lvl, m) for lvl, m in records[before:]]
+        new = [(lvl, m) for lvl, m in records[before:] if "compiling the TensorFlow op" not in m]
         assert len(new) == 1 and new[0][0] == "WARNING" and text in new[0][1], new
         expect(_build.BuildError, lambda: o._select("async-op"), text)
         check(o.allreduce(tensor("float32")), "sum", "float32", "after failed build")

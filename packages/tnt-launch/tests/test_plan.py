@@ -65,6 +65,7 @@ def test_local_cpu_job_gets_the_whole_contract() -> None:
             "OMP_NUM_THREADS": "2",
             "TF_NUM_INTRAOP_THREADS": "2",
             "PYTHONUNBUFFERED": "1",
+            "TF_CPP_MIN_LOG_LEVEL": "2",
         }
         assert spec.argv == ("/usr/bin/python3", "train.py", "--lr", "0.1")
         assert spec.device == "CPU" and spec.pinning == "-"
@@ -95,9 +96,12 @@ def test_more_ranks_than_gpus_runs_on_cpus_with_a_warning() -> None:
     )
 
 
-def test_no_gpus_warns_unless_no_gpu_is_given() -> None:
-    assert "no GPUs found on localhost" in plan_for(cfg(), LOCAL, facts()).warnings[0]
+def test_no_gpus_at_all_is_a_note_not_a_warning() -> None:
+    plan = plan_for(cfg(), LOCAL, facts())
+    assert plan.warnings == ()
+    assert plan.notes == ("running all ranks on CPUs: no GPUs found on localhost",)
     assert plan_for(cfg(no_gpu=True), LOCAL, facts()).warnings == ()
+    assert plan_for(cfg(no_gpu=True), LOCAL, facts()).notes == ()
     with_gpus = plan_for(cfg(no_gpu=True, nprocs=2), LOCAL, facts(gpus=2))
     assert [s.device for s in with_gpus.ranks] == ["CPU", "CPU"]
     assert with_gpus.ranks[0].env["CUDA_VISIBLE_DEVICES"] == ""

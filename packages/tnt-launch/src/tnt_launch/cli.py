@@ -387,6 +387,9 @@ def launch(config: LaunchConfig) -> int:
     plan = build_plan(config, hosts, facts, identity, os.environ)
     for warning in plan.warnings:
         print(f"tnt-launch: warning: {warning}", file=sys.stderr)
+    if config.log_level in ("DEBUG", "INFO"):
+        for note in plan.notes:
+            print(f"tnt-launch: info: {note}", file=sys.stderr)
     if config.dry_run:
         if sys.stdout.isatty():
             render_plan(plan, Console(), assumed)

@@ -17,6 +17,12 @@ from tnt_launch.hosts import Host, is_loopback
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS")
 
+# TensorFlow's C++ start-up lines (cpu_feature_guard, absl) on every rank: hidden unless the user
+# sets the variable, and shown again with --log-level DEBUG.
+TF_LOG_VARIABLE = "TF_CPP_MIN_LOG_LEVEL"
+TF_LOG_QUIET = "2"
+TF_LOG_DEBUG = "0"
+
 # What ranks on other hosts get from tnt-launch's own environment (ranks on this host inherit all
 # of it): where the software is, and the settings of the libraries a training script uses.
 CARRIED_VARIABLES = (
@@ -98,6 +104,8 @@ class Plan:
     warnings: tuple[str, ...]
     timeout: str | None = None
     """TNT_TIMEOUT_S as the ranks see it ("inf": no timeout); None: unset, the library's default."""
+    notes: tuple[str, ...] = ()
+    """Facts worth an INFO line but not a warning (all ranks on CPUs where no host has a GPU)."""
 
     @property
     def size(self) -> int:
@@ -171,14 +179,15 @@ def build_plan(
     Ranks are numbered host by host, in the order the hosts are listed. A host runs `-n` or
     `--n-per-node` ranks if given, else its hostfile slots, else one per GPU, else one. Unless
     `--no-gpu` is given, ranks use one GPU each when every host has a GPU for each of its ranks;
-    otherwise all ranks run on CPUs, with a warning. Raises PlanError when pinning is asked for
-    and cannot be done.
+    otherwise all ranks run on CPUs, with a warning when some host has GPUs that go unused (only a
+    note when no host has any GPU). Raises PlanError when pinning is asked for and cannot be done.
     """
     if config.script is None:
         raise PlanError("no script given")
     counts = [_ranks_per_host(config, h, facts[h.name]) for h in hosts]
     size = sum(counts)
     warnings = []
+    notes = []
 
     use_gpus = False
     if not config.no_gpu:
@@ -191,9 +200,13 @@ def build_plan(
                 else f"no GPUs found on {h.name}"
                 for h, n in short
             )
-            warnings.append(
-                f"running all ranks on CPUs: {details} (--no-gpu runs on CPUs without this warning)"
-            )
+            if any(facts[h.name].gpus for h in hosts):
+                warnings.append(
+                    f"running all ranks on CPUs: {details} "
+                    "(--no-gpu runs on CPUs without this warning)"
+                )
+            else:
+                notes.append(f"running all ranks on CPUs: {details}")
 
     if all(h.local for h in hosts):
         master_addr = "127.0.0.1"
@@ -208,6 +221,11 @@ def build_plan(
     user_set = set(environ) | {name for name, _ in config.exports}
     carried = _carried(environ)
     interpreter = list(config.python_interpreter)
+    log_level = config.log_level
+    for name, value in config.exports:
+        if name == "TNT_LOG_LEVEL":
+            log_level = value.strip().upper()
+    tf_log_level = TF_LOG_DEBUG if log_level == "DEBUG" else TF_LOG_QUIET
 
     ranks = []
     rank = 0
@@ -268,6 +286,8 @@ def build_plan(
                     env[name] = str(threads)
             if "PYTHONUNBUFFERED" not in user_set:
                 env["PYTHONUNBUFFERED"] = "1"
+            if TF_LOG_VARIABLE not in user_set:
+                env[TF_LOG_VARIABLE] = tf_log_level
             env.update(config.exports)
 
             argv = (*pin_argv, *interpreter, config.script, *config.script_args)
@@ -296,5 +316,6 @@ def build_plan(
         master_addr=master_addr,
         master_port=identity.master_port,
         warnings=tuple(warnings),
+        notes=tuple(notes),
         timeout=ranks[0].env.get("TNT_TIMEOUT_S", environ.get("TNT_TIMEOUT_S")) if ranks else None,
     )

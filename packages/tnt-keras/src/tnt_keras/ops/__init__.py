@@ -12,7 +12,8 @@ whenever all ranks run the same program. Finishes may come in any order.
     g1 = finish(p1)
 
 The op (``tnt_ops.cc``) is compiled against the installed TensorFlow on first import, into a cache
-shared by all processes of a host (``python -m tnt_keras.ops`` prebuilds it). Without a compiler, or
+shared by all processes of a host (``python -m tnt_keras.ops`` prebuilds it); the compiling process
+logs one warning before it starts and an INFO line with the time it took. Without a compiler, or
 if that fails, a warning is logged and a ``tf.numpy_function`` fallback does the same, blocking a
 thread per call. ``TNT_KERAS_OPS=numpy`` forces the fallback, ``TNT_KERAS_OPS=async-op`` makes a
 failed build an error. XLA cannot compile either: steps that use them run with ``jit_compile=False``.

@@ -149,6 +149,13 @@ def _compile(cxx: list[str], target: Path) -> None:
             os.unlink(tmp)
 
 
+def _tf_version() -> str:
+    """TensorFlow's major.minor version, e.g. "2.16"."""
+    import tensorflow as tf
+
+    return ".".join(tf.__version__.split(".")[:2])
+
+
 def build() -> Path:
     """Returns the path of the compiled op library, compiling it first unless it is cached.
 
@@ -166,7 +173,11 @@ def build() -> Path:
         raise BuildError(f"cannot use the cache directory {target.parent}: {e}") from None
     with lock:
         asked = time.time()
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("tnt_keras: waiting for another process compiling the TensorFlow op")
+            fcntl.flock(lock, fcntl.LOCK_EX)
         if target.exists():  # another process built it while we waited
             return target
         # Reuse a failure that another process met while we waited; an older one is retried.
@@ -174,6 +185,11 @@ def build() -> Path:
             raise BuildError(failed.read_text())
         for stale in target.parent.glob(target.stem + ".*.tmp"):  # left by a compile that was killed
             stale.unlink(missing_ok=True)
+        log.warning(
+            "tnt_keras: compiling the TensorFlow op for TF %s (once per host, about 10 s; "
+            "`pip install --no-build-isolation` builds it at install time)",
+            _tf_version(),
+        )
         try:
             _compile(cxx, target)
         except BuildError as e:
