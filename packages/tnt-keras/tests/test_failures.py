@@ -30,9 +30,22 @@ def test_ranks_that_disagree_get_a_clear_error(case: str) -> None:
     assert all(errors), (errors, result.output[-3000:])  # every rank raised: nobody hangs or goes on
     if case == "model":
         for e in errors:
-            assert e.startswith("ValueError: tnt: the ranks hold different model and optimizer variables"), e
+            assert "ValueError: tnt: the ranks hold different model and optimizer variables" in e, e
             assert "rank 1 has" in e and "same model" in e, e
     else:
         explained = [e for e in errors if "fell out of step in fit" in e and "tnt_distribute_dataset=False" in e]
         assert explained, errors
+        # The type is tnt_comm's (TensorFlow's error is its cause).
+        assert any(e.startswith("tnt_comm._core.CollectiveMismatch:") for e in explained), explained
     assert time.monotonic() - start < 120
+
+
+@pytest.mark.timeout(150)
+def test_a_rank_that_leaves_mid_fit_raises_peer_failure_on_the_others() -> None:
+    """Inside fit, the failure surfaces as tnt_comm.PeerFailure naming the rank, not as TensorFlow's
+    InternalError; TensorFlow's error is kept as the cause."""
+    result = run("mismatch_job", 2, "leave", timeout=140, check=False, env={"TNT_TIMEOUT_S": "30"})
+    error = result.ranks[0].get("error") or ""
+    expected = "tnt_comm._core.PeerFailure: tnt: fit stopped: rank 1 failed"
+    assert error.startswith(expected), (error, result.output[-3000:])
+    assert "(cause: " in error and "Error)" in error and "cause: NoneType" not in error, error

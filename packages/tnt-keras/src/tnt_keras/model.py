@@ -126,19 +126,34 @@ def _accepts_keyword(function: Callable[..., Any], name: str) -> bool:
     return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
+_PEER_FAILED = re.compile(r"rank (\d+) (?:failed|finalized and left)[^\n]*")
+_TIMED_OUT = re.compile(r"rank \d+ timed out[^\n]*")
+
+
 @contextlib.contextmanager
 def _explain_mismatch(what: str) -> Iterator[None]:
-    """Turns tnt-comm's collective mismatch inside a Keras loop into an error that says the usual
-    causes: ranks that run different numbers of steps, or different steps."""
+    """Turns tnt-comm's errors inside a Keras loop, which TensorFlow wraps in its own, back into
+    tnt_comm's types (PeerFailure, Timeout, CollectiveMismatch) with TensorFlow's error as the
+    cause; a mismatch also says the usual causes: ranks that run different numbers of steps, or
+    different steps."""
     try:
         yield
     except tf.errors.OpError as error:
-        if "collective mismatch" not in str(error):
+        text = str(error)
+        if "collective mismatch" not in text:
+            peer = _PEER_FAILED.search(text)
+            if peer is not None:
+                failure = tnt_comm.PeerFailure(f"tnt: {what} stopped: {peer.group(0)}")
+                failure.rank = int(peer.group(1))
+                raise failure from error
+            timed_out = _TIMED_OUT.search(text)
+            if timed_out is not None:
+                raise tnt_comm.Timeout(f"tnt: {what} stopped: {timed_out.group(0)}") from error
             raise
         # Keep tnt-comm's sentence (both ranks' calls), not TF's node names around it.
-        found = re.search(r"collective mismatch:.*?same order\)", str(error), re.S)
-        detail = found.group(0) if found else str(error).strip().splitlines()[0]
-        raise RuntimeError(
+        found = re.search(r"collective mismatch:.*?same order\)", text, re.S)
+        detail = found.group(0) if found else text.strip().splitlines()[0]
+        raise tnt_comm.CollectiveMismatch(
             f"tnt: the ranks fell out of step in {what}: {detail}\n"
             "Every rank must run the same steps in the same order. Usual causes: datasets of different lengths "
             "on different ranks (with tnt_distribute_dataset=False each rank's dataset must give the same number "
