@@ -136,11 +136,6 @@ Runtime& Runtime::init(const Identity& identity) {
   return *g_runtime;
 }
 
-bool Runtime::finalized() {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  return g_finalized;
-}
-
 Runtime* Runtime::get() {
   std::lock_guard<std::mutex> lock(g_mutex);
   return g_runtime.get();
@@ -166,11 +161,6 @@ std::uint64_t Runtime::next_group_id(std::uint64_t ranks_hash) {
   const std::uint64_t nth = groups_made_[ranks_hash]++;
   // The first group of a rank list keeps the plain hash; later ones mix in their number.
   return nth == 0 ? ranks_hash : ranks_hash ^ ((nth + 1) * 0xbf58476d1ce4e5b9ull);
-}
-
-std::shared_ptr<Runtime> Runtime::current() {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  return g_runtime;
 }
 
 std::vector<std::string> Runtime::transports() const {

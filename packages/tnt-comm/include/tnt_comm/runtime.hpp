@@ -46,8 +46,6 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   // Waits for outstanding work, says goodbye to peers and tears everything down. Groups, Work
   // handles and FusedAllreduce objects kept beyond it raise Error instead of touching freed state.
   static void finalize();
-  // Whether finalize() has run in this process.
-  static bool finalized();
 
   ~Runtime();
   Runtime(const Runtime&) = delete;
@@ -71,9 +69,6 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   Fabric& fabric() { return *fabric_; }
   Engine& engine() { return *engine_; }
   Channel* channel(int world_rank) { return channels_[static_cast<std::size_t>(world_rank)].get(); }
-
-  // The runtime, shared, or null when none is running.
-  static std::shared_ptr<Runtime> current();
 
  private:
   explicit Runtime(const Identity& identity);

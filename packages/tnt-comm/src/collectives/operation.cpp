@@ -39,33 +39,19 @@ bool Operation::streams_finished() const {
   return true;
 }
 
-std::vector<int> Operation::waiting_ranks() const {
+std::vector<int> Operation::peers_unfinished(bool count_arrived) const {
   std::vector<int> ranks;
   for (std::size_t m = 0; m < recvs_.size(); ++m) {
-    if (static_cast<int>(m) != members_->me && (!recvs_[m].finished() || !sends_[m].finished())) {
-      ranks.push_back(members_->world_ranks[m]);
-    }
-  }
-  return ranks;
-}
-
-std::vector<int> Operation::needs_more_from() const {
-  std::vector<int> ranks;
-  for (std::size_t m = 0; m < recvs_.size(); ++m) {
-    if (static_cast<int>(m) != members_->me && (!recvs_[m].all_examined() || !sends_[m].finished())) {
-      ranks.push_back(members_->world_ranks[m]);
-    }
+    if (static_cast<int>(m) == members_->me) continue;
+    const bool receiving = count_arrived ? !recvs_[m].all_examined() : !recvs_[m].finished();
+    if (receiving || !sends_[m].finished()) ranks.push_back(members_->world_ranks[m]);
   }
   return ranks;
 }
 
 std::string Operation::waiting_for() const {
   std::string who;
-  for (std::size_t m = 0; m < recvs_.size(); ++m) {
-    if (!recvs_[m].finished() || !sends_[m].finished()) {
-      who += (who.empty() ? "rank " : ", rank ") + std::to_string(members_->world_ranks[m]);
-    }
-  }
+  for (int r : waiting_ranks()) who += (who.empty() ? "rank " : ", rank ") + std::to_string(r);
   return who.empty() ? "nothing" : who;
 }
 

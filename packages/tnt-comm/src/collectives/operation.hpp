@@ -104,11 +104,11 @@ class Operation {
   // Advances as far as possible without waiting; throws on a protocol error.
   virtual Progress progress() = 0;
   // Which ranks the operation still waits for (for timeout messages), as text and as world ranks.
-  virtual std::string waiting_for() const;
-  std::vector<int> waiting_ranks() const;
+  std::string waiting_for() const;
+  std::vector<int> waiting_ranks() const { return peers_unfinished(false); }
   // World ranks that still have to send us a message of this operation or take one from us
   // (messages that arrived but wait for others to be used do not count).
-  std::vector<int> needs_more_from() const;
+  std::vector<int> needs_more_from() const { return peers_unfinished(true); }
 
   const Descriptor& descriptor() const { return desc_; }
   // Whether a caller is blocked in this very call (set at submission).
@@ -154,6 +154,9 @@ class Operation {
                                              members_->world_ranks[static_cast<std::size_t>(members_->me)]);
   }
   bool streams_finished() const;
+  // Members whose streams with us are unfinished; with `count_arrived`, a receive whose messages
+  // all arrived counts as finished.
+  std::vector<int> peers_unfinished(bool count_arrived) const;
 
   std::shared_ptr<const Members> members_;  // shared by every operation of the group
   Descriptor desc_;
