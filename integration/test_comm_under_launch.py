@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
+import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,10 +53,37 @@ def test_crashed_rank_brings_job_down(tmp_path: Path) -> None:
     assert not leftovers, leftovers
 
 
+def launch_or_dump(args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """As ``launch``, but a job still running after ``timeout`` does not vanish without a trace: every
+    rank is sent SIGABRT, which makes Python's faulthandler print each thread's stack, and the test
+    fails with that output."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        env = {**os.environ, "PYTHONFAULTHANDLER": "1", "PYTHONUNBUFFERED": "1"}
+        proc = subprocess.Popen(LAUNCH + args, stdout=out, stderr=err, text=True, cwd=ROOT, env=env)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            ranks = psutil.Process(proc.pid).children(recursive=True)
+            for rank in ranks:
+                with contextlib.suppress(psutil.Error):
+                    rank.send_signal(signal.SIGABRT)
+            psutil.wait_procs(ranks, timeout=10)
+            proc.kill()
+            proc.wait()
+            out.seek(0)
+            err.seek(0)
+            stacks = f"{out.read()[-3000:]}\n{err.read()[-12000:]}"
+            pytest.fail(f"the job hung for {timeout} s; the ranks' stacks:\n{stacks}")
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), err.read())
+
+
 @pytest.mark.timeout(240)
 def test_keras_example_under_launch() -> None:
-    """The README's main command: the digits example trains on two ranks and reaches its accuracy."""
-    out = launch(["-n", "2", "--", "examples/keras_digits.py"], timeout=230)
+    """The README's main command: the digits example trains on two ranks and reaches its accuracy.
+    A collective stalled for 60 s fails with the stalled rank named (tnt-comm's default is 300 s)."""
+    out = launch_or_dump(["-n", "2", "--timeout", "60", "--", "examples/keras_digits.py"], timeout=200)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     match = re.search(r"test accuracy (\d\.\d+)", out.stdout)
     assert match, out.stdout[-2000:]

@@ -340,3 +340,24 @@ def test_one_rank_cache_reuse_and_build_failures(job3: Any, cache: Path, tmp_pat
     assert o["compiled"] == 0, "the second import must load the cached library"
     assert {p.name: p.stat().st_mtime_ns for p in cache.iterdir()} == before
     assert o["main_printed"] == o["library"]
+
+
+QUIET_IMPORT_CODE = r"""
+import json
+import tnt_keras
+from tnt_keras import ops
+print("RESULT " + json.dumps({"backend": ops.backend()}), flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_two_ranks_compile_at_default_log_level_without_deadlock(tmp_path: Path) -> None:
+    """At the default log level only the compiling rank logs. Its log line must not start the
+    runtime: that would wait in the rendezvous for the other rank, which waits for the compiler's
+    file lock (a deadlock until TNT_TIMEOUT_S, seen in CI as a hung job with no output)."""
+    cache = tmp_path / "cache"
+    extra = {"TNT_LOG_LEVEL": "WARNING", "TNT_LOG_ON_ALL_DEVICES": "1"}
+    outs = outputs(run(2, QUIET_IMPORT_CODE, tmp_path, env=env(cache, **extra), timeout=100))
+    # Before the fix the job hung; with a rendezvous timeout shorter than the compile, the waiting
+    # rank fell back to tf.numpy_function instead.
+    assert [o["backend"] for o in outs] == ["async-op", "async-op"], outs

@@ -71,11 +71,21 @@ def fusion_threshold_bytes() -> int:
     return kib * 1024
 
 
+def _rank_for_logs() -> int:
+    """This process's rank without starting the runtime: get_rank() would connect to every peer
+    first, and a log line written while a peer is busy (compiling the op under a file lock that
+    this process waits for next) would then wait for that peer, which waits for us: a deadlock."""
+    try:
+        return int(os.environ.get("TNT_RANK", "0"))
+    except ValueError:
+        return 0
+
+
 class _RankFilter(logging.Filter):
     """Prefixes records with the rank; drops them off the master rank unless all ranks log."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        rank = get_rank()
+        rank = _rank_for_logs()
         record.tnt_rank = rank
         return rank == MASTER_RANK or _env_flag("TNT_LOG_ON_ALL_DEVICES")
 

@@ -102,6 +102,8 @@ def _select(mode: str | None = None) -> None:
         if _loaded is None:
             _loaded = _build.load_best()
         _lib = _loaded
+    except tnt_comm.TntError:
+        raise  # the job itself is broken (e.g. a peer never arrived): a fallback would only hide it
     except Exception as e:
         if mode == "async-op":
             raise
