@@ -31,9 +31,10 @@ def test_datasets_and_errors(ranks: int) -> None:
         if ranks > 1:
             assert "without a seed" in e["early_shuffle"] and "seed=" in e["early_shuffle"]
             assert e["static_small_batch"].startswith("ValueError") and "at least" in e["static_small_batch"]
-            assert "fewer samples than" in e["dynamic_small_batch"] or "cannot be split" in e["dynamic_small_batch"]
             assert r["bn_warning"]  # (printed by the master rank only)
             assert r["sum_loss_warning"]
         else:
-            assert e["static_small_batch"] == "" and e["dynamic_small_batch"] == ""
+            assert e["static_small_batch"] == ""
+        # Only the dataset's own batch size must reach the number of ranks; a last batch of 1 trains.
+        assert e["dynamic_small_batch"] == ""
     assert first["seed_info"]

@@ -16,7 +16,10 @@ def test_killed_rank_stops_training_job() -> None:
     assert result.returncode != 0
     assert "rank 1" in result.output and "signal" in result.output.lower(), result.output[-3000:]
     assert time.monotonic() - start < 120
-    leftovers = [f for f in set(os.listdir("/dev/shm")) - before if re.fullmatch(r"tnt-\w+-\d+", f)]
+    # Only this job's segments (tnt-<job id>-<rank>) count: other tests may run jobs meanwhile.
+    job = re.search(r"job (\w+) failed", result.output)
+    assert job, result.output[-3000:]
+    leftovers = [f for f in set(os.listdir("/dev/shm")) - before if re.fullmatch(rf"tnt-{job[1]}-\d+", f)]
     assert not leftovers, leftovers
 
 

@@ -37,7 +37,7 @@ def test_predict(ranks: int) -> None:
         # fit leaves each rank its own BatchNormalization statistics; predict uses rank 0's.
         after_fit = r["after_fit"]
         assert close(after_fit["pred"], r0["after_fit"]["serial_before"]) and after_fit["broadcasts"] == 1
-        assert len(r["structures"]) == 17
+        assert len(r["structures"]) == 21
         for name, s in r["structures"].items():
             assert s["type"] == s["serial_type"], name
             assert s["rows"] and all(n == ROWS for n in s["rows"]), (name, s["rows"])

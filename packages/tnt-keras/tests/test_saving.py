@@ -58,6 +58,8 @@ def test_weights_names_shards_and_overwrite() -> None:
         assert r["in_step"] == 2.0  # no rank is left behind in a collective
         assert not [f for f in r["files"] if "tnt-tmp" in f], r["files"]
     assert r0["save_exists"] == r1["save_exists"] and r0["weights_exists"] == r1["weights_exists"]
-    # With tnt_save_all_devices each rank checks its own file: rank 0's existed, rank 1's did not.
-    assert r0["own_exists"] is not None and r0["own_exists"].startswith("FileExistsError"), r0["own_exists"]
-    assert r1["own_exists"] is None and "own-rank1.keras" in r1["files"]
+    # With tnt_save_all_devices each rank checks its own file: rank 0's existed, rank 1's did not. Rank 1
+    # writes its file, then raises as well, naming rank 0.
+    assert r0["own_exists"] is not None and r0["own_exists"].startswith("FileExistsError: tnt: "), r0["own_exists"]
+    assert r1["own_exists"] is not None and "own-rank1.keras" in r1["files"]
+    assert r1["own_exists"].startswith("FileExistsError: tnt: rank 0 failed to save '"), r1["own_exists"]

@@ -13,7 +13,10 @@ def slices(ds: tf.data.Dataset, size: int) -> list[list[object]]:
     return [list(data.slice_batches(ds, rank, size).as_numpy_iterator()) for rank in range(size)]
 
 
-@pytest.mark.parametrize(("rows", "batch", "size"), [(12, 4, 4), (10, 10, 4), (11, 4, 3), (7, 7, 2)])
+# (9, 4, 2) and (7, 3, 3) end with a batch of 1 sample: ranks past it get an empty slice.
+@pytest.mark.parametrize(
+    ("rows", "batch", "size"), [(12, 4, 4), (10, 10, 4), (11, 4, 3), (7, 7, 2), (9, 4, 2), (7, 3, 3)]
+)
 def test_slices_cover_every_batch_once_in_order(rows: int, batch: int, size: int) -> None:
     ds = tf.data.Dataset.range(rows).batch(batch)
     per_rank = slices(ds, size)
@@ -36,6 +39,17 @@ def test_ragged_sparse_and_dict_elements_are_sliced_alike() -> None:
     np.testing.assert_array_equal(np.concatenate(dense), np.diag(np.arange(1, 6, dtype=np.float32)))
 
 
-def test_a_batch_smaller_than_the_ranks_is_refused_up_front() -> None:
+def test_a_batch_size_smaller_than_the_ranks_is_refused_up_front() -> None:
     with pytest.raises(ValueError, match="cannot be split over 3 ranks"):
         data.slice_batches(tf.data.Dataset.range(4).batch(2), 0, 3)
+
+
+def test_a_partial_batch_smaller_than_the_ranks_leaves_empty_slices() -> None:
+    dense, ragged = np.arange(10.0).reshape(5, 2), tf.ragged.constant([[1]] * 5)
+    sparse = tf.sparse.from_dense(np.eye(5, dtype=np.float32))
+    ds = tf.data.Dataset.from_tensor_slices((dense, ragged, sparse)).batch(4)  # a last batch of 1 on 3 ranks
+    last = [list(data.slice_batches(ds, rank, 3))[-1] for rank in range(3)]
+    assert [part[0].shape[0] for part in last] == [1, 0, 0]
+    assert [int(part[1].nrows()) for part in last] == [1, 0, 0]
+    assert [int(part[2].dense_shape[0]) for part in last] == [1, 0, 0]
+    np.testing.assert_array_equal(last[0][0], dense[4:])

@@ -3,7 +3,8 @@
 Logs that ``fit``/``evaluate`` produce are already global (metric states are summed across ranks), so
 Keras callbacks decide the same thing on every rank. What differs is side effects: only the master
 rank prints progress, writes CSV/TensorBoard/checkpoint files or talks to a remote monitor, unless
-``--output-on-all-devices`` or ``TNT_TENSORBOARD_ON_ALL_DEVICES`` asks otherwise.
+``--output-on-all-devices`` or ``TNT_TENSORBOARD_ON_ALL_DEVICES`` asks otherwise. A checkpoint
+callback that fails on the master rank makes its hook raise on every rank, so no rank trains on alone.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import keras
 import numpy as np
 import tnt_comm
 
-from . import runtime
+from . import outcome, runtime
 
 _HOOKS = (
     "on_batch_begin",
@@ -42,7 +43,8 @@ _HOOKS = (
 _DELEGATES = {"on_train_batch_begin": "on_batch_begin", "on_train_batch_end": "on_batch_end"}
 
 
-# Keras callbacks whose on_train_batch_end does nothing when they save once per epoch.
+# Keras callbacks that write checkpoints on the master rank only. Their on_train_batch_end does nothing
+# when they save once per epoch.
 _EPOCH_SAVERS = (keras.callbacks.ModelCheckpoint, keras.callbacks.BackupAndRestore)
 
 
@@ -108,6 +110,8 @@ class Callback(keras.callbacks.Callback):
         self.aggregate_logs = aggregate_logs
         self.run_on_all_ranks = run_on_all_ranks
         self.tnt_model: keras.Model | None = None
+        # A checkpoint callback writes on the master rank only; every rank must learn whether it failed.
+        self._shares_outcome = isinstance(callback, _EPOCH_SAVERS)
         # Only the hooks the callback overrides get a dispatcher; the others stay Keras' marked
         # defaults, so Keras keeps running batch-end hooks asynchronously when no callback has one.
         for hook in _HOOKS:
@@ -117,8 +121,11 @@ class Callback(keras.callbacks.Callback):
     @property
     def async_safe(self) -> bool:
         """Passes on a callback's ``async_safe`` unless its logs are averaged: Keras then runs
-        batch-end hooks on a thread pool, where collectives could run in a different order per rank."""
-        return bool(getattr(self.callback, "async_safe", False)) and not self.aggregate_logs
+        batch-end hooks on a thread pool, where collectives could run in a different order per rank;
+        nor for a checkpoint callback, whose hooks share their outcome."""
+        return (
+            bool(getattr(self.callback, "async_safe", False)) and not self.aggregate_logs and not self._shares_outcome
+        )
 
     @property
     def runs_here(self) -> bool:
@@ -144,8 +151,21 @@ class Callback(keras.callbacks.Callback):
             # The collective runs on every rank, even where the callback itself does not.
             if self.aggregate_logs:
                 logs = average_logs(logs)
+            if not self._shares_outcome:
+                if self.runs_here:
+                    getattr(self.callback, hook)(*head, logs=logs)
+                return
+            # A checkpoint callback saves through tnt.Model's methods on the master rank only: they must
+            # not start collectives there, and every rank learns here whether the hook failed, and
+            # raises if it did, before any rank goes on training.
+            error = None
             if self.runs_here:
-                getattr(self.callback, hook)(*head, logs=logs)
+                try:
+                    with outcome.writes_alone():
+                        getattr(self.callback, hook)(*head, logs=logs)
+                except Exception as e:  # shared with every rank, then raised here unchanged
+                    error = e
+            outcome.agree_on_outcome(error, f"run {type(self.callback).__name__}.{hook}")
 
         return dispatch
 

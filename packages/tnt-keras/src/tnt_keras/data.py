@@ -4,7 +4,8 @@ Rank ``r`` of ``N`` takes rows ``[start_r, start_r + b_r)`` of a batch of ``B`` 
 ``b_r = B//N + (r < B%N)`` and ``start_r = r*(B//N) + min(r, B%N)``, computed from the size of each
 batch as it comes: partial last batches and ``B`` not divisible by ``N`` stay exact, and every rank
 runs the same number of steps. (``rebatch().shard()`` would give wrong rows and unequal step counts
-whenever the last batch is partial.)
+whenever the last batch is partial.) A partial last batch of fewer than ``N`` samples leaves ranks
+``B..N-1`` an empty slice; ``empty_slices.py`` makes such a step change nothing there.
 """
 
 from __future__ import annotations
@@ -112,17 +113,25 @@ def install_shuffle_seed() -> None:
     dataset_ops.DatasetV2.shuffle = shuffle
 
 
-def _too_small(batch: int | str, size: int) -> str:
+def _too_small(batch: int, size: int) -> str:
     return (
-        f"tnt: a global batch of {batch} samples cannot be split over {size} ranks: every batch needs at least "
-        f"one sample per rank. Batch the dataset with at least {size} samples (it is the GLOBAL batch size), "
-        "and use drop_remainder=True if only the last batch is smaller."
+        f"tnt: a global batch of {batch} samples cannot be split over {size} ranks: the dataset's batch size is "
+        f"the GLOBAL batch size and must be at least the number of ranks, or some ranks would never get a sample. "
+        f"Batch the dataset with at least {size} samples (only a partial last batch may hold fewer)."
     )
 
 
 def slice_batches(ds: tf.data.Dataset, rank: int, size: int) -> tf.data.Dataset:
-    """Maps every global batch of ``ds`` to this rank's contiguous slice of it."""
+    """Maps every global batch of ``ds`` to this rank's contiguous slice of it.
+
+    Raises:
+        ValueError: the dataset's own batch size is smaller than ``size``. A batch that turns out
+            smaller as it comes (a partial last batch) is fine: ranks past its last sample get
+            an empty slice and contribute nothing to that step.
+    """
     static = static_batch_size(ds)
+    # Why only the static size: every batch that small leaves ranks idle on every step, which is
+    # a mistake in the batch size; a partial last batch that small is just the end of the data.
     if static is not None and static < size:
         raise ValueError(_too_small(static, size))
     if size == 1:
@@ -132,12 +141,10 @@ def slice_batches(ds: tf.data.Dataset, rank: int, size: int) -> tf.data.Dataset:
         data = element[0] if len(element) == 1 else element
         leaves = [t for t in tf.nest.flatten(data) if t is not None]
         batch = tf.shape(leaves[0])[0]
-        check = tf.debugging.assert_greater_equal(batch, size, message=_too_small("fewer", size))
-        with tf.control_dependencies([check]):
-            base = batch // size
-            extra = batch % size
-            count = base + tf.cast(rank < extra, batch.dtype)
-            start = rank * base + tf.minimum(rank, extra)
+        base = batch // size
+        extra = batch % size
+        count = base + tf.cast(rank < extra, batch.dtype)
+        start = rank * base + tf.minimum(rank, extra)
         return tf.nest.map_structure(lambda t: _rows(t, start, count), data)
 
     return ds.map(take_slice)

@@ -17,6 +17,7 @@ import keras
 import tensorflow as tf
 from keras.src.backend.common.stateless_scope import StatelessScope
 
+from . import empty_slices
 from .reduce import sum_buckets
 
 
@@ -33,7 +34,7 @@ def _summed(variables: Sequence[Any]) -> Iterator[None]:
     if _reducing.active or not variables:
         yield
         return
-    values = [tf.convert_to_tensor(v.value) for v in variables]
+    values = empty_slices.contributed(variables)  # a rank with an empty slice adds nothing from this step
     by_dtype: dict[tf.DType, list[int]] = {}
     for i, value in enumerate(values):
         by_dtype.setdefault(value.dtype, []).append(i)

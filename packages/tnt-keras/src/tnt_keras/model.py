@@ -5,6 +5,7 @@ hand each rank its slice of every global batch and then call the wrapped model's
 train step (Keras' or the user's override) has been given three hooks: gradients summed across
 ranks before the optimizer applies them (``reduce.py``), metric results on states summed across
 ranks (``metrics.py``), and callbacks that run, print and write per rank policy (``callbacks.py``).
+A step on a rank whose slice of a partial last batch is empty changes nothing there (``empty_slices.py``).
 """
 
 from __future__ import annotations
@@ -27,26 +28,31 @@ import tensorflow as tf
 import tnt_comm
 
 from . import callbacks as tnt_callbacks
-from . import data, metrics, reduce, runtime
+from . import data, empty_slices, metrics, outcome, reduce, runtime
 from .runtime import logger
 
 _BN_WARN_BELOW = 16
+
+
+def _exists_error(path: str) -> FileExistsError:
+    return FileExistsError(f"tnt: {path} exists and overwrite=False; pass overwrite=True to replace it")
 
 
 def _refuse_existing(path: str, overwrite: bool, tnt_save_all_devices: bool) -> None:
     """With ``overwrite=False``, raises the same ``FileExistsError`` on every rank if ``path`` exists.
 
     The master rank looks and tells the others, since a rank that looked itself might already see
-    the file the master is writing. When every rank writes its own file, each looks at its own.
+    the file the master is writing. When every rank writes its own file, each looks at its own as
+    it writes (``_write_atomically``), and a refusal reaches every rank as any failed write does.
     """
-    if overwrite:
+    if overwrite or tnt_save_all_devices:
         return
     exists = os.path.exists(path)
-    if not tnt_save_all_devices and runtime.get_size() > 1:
+    if not outcome.is_alone():
         flag = np.array([int(exists)], dtype=np.int32)
         exists = bool(tnt_comm.broadcast(flag, root=runtime.get_master_rank())[0])
     if exists:
-        raise FileExistsError(f"tnt: {path} exists and overwrite=False; pass overwrite=True to replace it")
+        raise _exists_error(path)
 
 
 def _shard_names(index: str) -> set[str]:
@@ -61,14 +67,17 @@ def _shard_names(index: str) -> set[str]:
     return {n for n in names if isinstance(n, str) and n == os.path.basename(n) and n.endswith(".weights.h5")}
 
 
-def _write_atomically(filepath: str | os.PathLike[str], write: Callable[[str], None]) -> None:
+def _write_atomically(filepath: str | os.PathLike[str], write: Callable[[str], None], overwrite: bool = True) -> None:
     """Has ``write`` save under the same name in a new folder beside ``filepath``, then moves what
     it wrote into place. The name must stay: Keras names the shards of a sharded save after it.
 
     Each file is replaced in one step, so a crash leaves the old file whole, never a half-written
     one. For a sharded save the old index goes first and the new one last, so an index never
     names a mix of old and new shards; shards that only the old index named are then removed.
+    With ``overwrite=False``, an existing file is left alone and ``FileExistsError`` raised.
     """
+    if not overwrite and os.path.exists(filepath):
+        raise _exists_error(os.fspath(filepath))
     path = os.path.abspath(os.fspath(filepath))
     directory, name = os.path.split(path)
     os.makedirs(directory, exist_ok=True)
@@ -246,12 +255,14 @@ INTERCEPTED: dict[str, str] = {
     "predict": "slices every global batch over the ranks and gathers all predictions, in input order, on every rank",
     "compile": "refuses jit_compile=True and Ftrl, and installs the gradient sum and the global metrics",
     "compile_from_config": "compiles through tnt's compile",
-    "save": "writes the wrapped model's .keras file, on rank 0 only and atomically",
-    "save_weights": "writes on rank 0 only and atomically, after checking the name on every rank",
+    "save": "writes the wrapped model's .keras file, on rank 0 only and atomically; collective: a failed write "
+    "raises on every rank",
+    "save_weights": "writes on rank 0 only and atomically, after checking the name on every rank; collective: a "
+    "failed write raises on every rank",
     "load_weights": "collective: waits for every rank, then every rank takes rank 0's values",
     "set_weights": "collective: every rank takes rank 0's values",
     "set_state_tree": "collective: every rank takes rank 0's values",
-    "export": "exports on rank 0 only",
+    "export": "exports on rank 0 only; collective: a failed export raises on every rank",
     "from_config": "wraps the model that Keras rebuilds from the wrapped model's config",
     "get_build_config": "adds the wrapped model's class, which a subclassed model's config does not name",
     "build_from_config": "rebuilds the wrapped model of that class when Keras deserializes a tnt.Model",
@@ -571,6 +582,7 @@ class Model(keras.Model):
         self.compiled = True
         reduce.install_gradient_sum(self._model, self._tnt_size)
         metrics.install_global_metrics(self._model, self._tnt_size)
+        empty_slices.install(self._model, self._tnt_size)
 
     # -- training and inference -------------------------------------------------------------------
 
@@ -838,8 +850,17 @@ class Model(keras.Model):
         """Saves the whole model to a ``.keras`` file, on the master rank only, atomically.
 
         The file holds the wrapped Keras model, as its own ``save`` writes it: plain Keras loads it
-        without tnt, and ``tnt.models.load_model`` loads it as a ``tnt.Model``. With
-        ``overwrite=False`` it is collective: every rank raises ``FileExistsError`` if the file exists.
+        without tnt, and ``tnt.models.load_model`` loads it as a ``tnt.Model``.
+
+        Collective: call it on every rank. Every rank returns once the file is written, or raises if
+        the master rank (with ``tnt_save_all_devices=True``, any rank) failed to write it: that rank
+        raises its own error, the others an error that names it and quotes its error. With
+        ``overwrite=False`` every rank raises ``FileExistsError`` if the file exists.
+
+        Raises:
+            OSError: (or what else the write raised) the file could not be written, on any rank.
+            FileExistsError: ``overwrite=False`` and the file exists.
+            ValueError: the name does not end in ``.keras``, on every rank before anything is written.
         """
         path = os.fspath(filepath)
         if path.endswith((".h5", ".hdf5")):
@@ -851,8 +872,11 @@ class Model(keras.Model):
         if not path.endswith(".keras"):
             raise ValueError(f"tnt: whole-model files end in .keras (got {path!r}); for SavedModel use export()")
         _refuse_existing(path, overwrite, tnt_save_all_devices)
-        if self._writes_here(tnt_save_all_devices):
-            _write_atomically(path, lambda tmp: keras.saving.save_model(self._model, tmp, **kwargs))
+        outcome.write_and_agree(
+            f"save {path!r}",
+            self._writes_here(tnt_save_all_devices),
+            lambda: _write_atomically(path, lambda tmp: keras.saving.save_model(self._model, tmp, **kwargs), overwrite),
+        )
 
     def save_weights(
         self,
@@ -865,17 +889,21 @@ class Model(keras.Model):
         """Saves the wrapped model's weights (loadable by plain Keras too), on the master rank only.
 
         The name ends in ``.weights.h5``; with ``max_shard_size`` (GB per shard) in ``.weights.json``,
-        and Keras writes the shards ``<name>_00000.weights.h5``, ... beside it. With
-        ``overwrite=False`` it is collective, as ``save``.
+        and Keras writes the shards ``<name>_00000.weights.h5``, ... beside it. Collective, and
+        raises on every rank if a rank failed to write, as ``save``.
         """
         path = os.fspath(filepath)
         _check_weights_path(path, sharded=max_shard_size is not None)
         _refuse_existing(path, overwrite, tnt_save_all_devices)
-        if self._writes_here(tnt_save_all_devices):
-            _write_atomically(
+        outcome.write_and_agree(
+            f"save weights to {path!r}",
+            self._writes_here(tnt_save_all_devices),
+            lambda: _write_atomically(
                 path,
                 lambda tmp: self._model.save_weights(tmp, overwrite=True, max_shard_size=max_shard_size, **kwargs),
-            )
+                overwrite,
+            ),
+        )
 
     def load_weights(self, filepath: str | os.PathLike[str], *args: Any, **kwargs: Any) -> None:
         """Loads weights on every rank, then all ranks take rank 0's values.
@@ -893,10 +921,16 @@ class Model(keras.Model):
         reduce.broadcast_variables(reduce.model_and_optimizer_variables(self._model))
 
     def export(self, filepath: str | os.PathLike[str], *args: Any, tnt_save_all_devices: bool = False, **kwargs: Any):
-        """Exports the wrapped model (e.g. a SavedModel for serving), on the master rank only."""
-        if self._writes_here(tnt_save_all_devices):
-            return self._model.export(filepath, *args, **kwargs)
-        return None
+        """Exports the wrapped model (e.g. a SavedModel for serving), on the master rank only.
+
+        Collective, and raises on every rank if a rank failed to write, as ``save``. Returns what
+        Keras' ``export`` returns on the ranks that export, None on the others.
+        """
+        return outcome.write_and_agree(
+            f"export {os.fspath(filepath)!r}",
+            self._writes_here(tnt_save_all_devices),
+            lambda: self._model.export(filepath, *args, **kwargs),
+        )
 
 
 _FORWARDED = frozenset(

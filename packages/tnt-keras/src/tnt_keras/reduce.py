@@ -87,11 +87,23 @@ def sum_gradients(grads: Sequence[Any], fraction: Any, threshold: int) -> list[A
         if isinstance(g, tf.IndexedSlices):
             scaled[i] = _gather_rows(g, fraction)
         elif g is not None:
-            g = tf.convert_to_tensor(g)
-            scaled[i] = g * tf.cast(fraction, g.dtype)
+            scaled[i] = _share(tf.convert_to_tensor(g), fraction)
     dense = [None if isinstance(g, tf.IndexedSlices) else g for g in scaled]
     summed = sum_buckets(dense, plan_buckets(dense, threshold))
     return [s if isinstance(s, tf.IndexedSlices) else d for s, d in zip(scaled, summed, strict=True)]
+
+
+def _share(grad: tf.Tensor, fraction: Any) -> tf.Tensor:
+    """``fraction * grad``, and zero where ``fraction`` is 0 even if ``grad`` is NaN or infinite.
+
+    Why: a rank with an empty slice has the share 0 and may have NaN gradients (BatchNormalization
+    over no samples, see ``empty_slices.py``); 0 * NaN would spread NaN to every rank.
+    """
+    fraction = tf.cast(fraction, grad.dtype)
+    if grad.dtype in (tf.float16, tf.float32, tf.float64):
+        return tf.math.multiply_no_nan(grad, fraction)
+    # multiply_no_nan has no bfloat16 GPU kernel in some TensorFlow builds.
+    return tf.where(fraction > 0, grad * fraction, tf.zeros_like(grad))
 
 
 def _gather_rows(grad: tf.IndexedSlices, fraction: Any) -> tf.IndexedSlices:
@@ -104,7 +116,7 @@ def _gather_rows(grad: tf.IndexedSlices, fraction: Any) -> tf.IndexedSlices:
     went through ``tf.unique`` (``embedding_lookup_sparse``, which Keras uses for sparse inputs)
     lists each row once: the concatenation is merged the same way.
     """
-    values = ops.allgatherv(grad.values * tf.cast(fraction, grad.values.dtype))
+    values = ops.allgatherv(_share(grad.values, fraction))
     indices = ops.allgatherv(grad.indices)
     if _from_unique(grad.indices):
         indices, position = tf.unique(indices)

@@ -145,6 +145,8 @@ forms = {
     "x": lambda: ((tf.data.Dataset.from_tensor_slices(x).batch(BATCH),), {}),
     "(x,)": lambda: ((tf.data.Dataset.from_tensor_slices((x,)).batch(BATCH),), {}),
     "(x, y)": lambda: ((tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH),), {}),
+    # A last batch of 1 sample: every rank but rank 0 predicts an empty slice of it.
+    "numpy, last batch of 1": lambda: ((x,), {"batch_size": ROWS // 2}),
 }
 structures: dict[str, Any] = {}
 for kind in ("single", "list", "tuple", "dict"):

@@ -1,12 +1,25 @@
 """Trains every kind of model against plain Keras on the same globally batched data."""
 
+import keras
 import numpy as np
+import tensorflow as tf
 import tnt_comm
 import tnt_keras as tnt
-from _job import build, compile_args, dataset, flat, history_diff, max_diff, report
+from _job import CLASSES, FEATURES, arrays, build, compile_args, dataset, flat, report
+
+
+def worst(a: dict | list, b: dict | list) -> float:
+    """The largest difference between two dicts (logs, histories) or lists (weights) of numbers or
+    arrays; NaN if either holds a NaN (Python's max would pass over it)."""
+    if isinstance(a, dict):
+        assert set(a) == set(b), (sorted(a), sorted(b))
+        a, b = [a[k] for k in sorted(a)], [b[k] for k in sorted(a)]
+    return float(np.max([np.max(np.abs(np.subtract(x, y, dtype=np.float64))) for x, y in zip(a, b, strict=True)]))
+
 
 # (model, optimizer, rows, global batch): covers B divisible and not by 2 and 3, with and without a
-# partial last batch (60/12: even; 64/12: partial 4; 70/7: not divisible; 75/7: both).
+# partial last batch (60/12: even; 64/12: partial 4; 70/7: not divisible; 75/7: both), and a last
+# batch of 1 sample (61/12, 71/7), which leaves every rank but rank 0 an empty slice.
 SCENARIOS = [
     ("functional", "sgd", 60, 12),
     ("sequential", "adam", 75, 7),
@@ -18,6 +31,9 @@ SCENARIOS = [
     # Embedding tables get sparse gradients, which Keras' optimizers apply to the named rows only.
     ("embedding", "adam", 75, 7),
     ("embedding", "rmsprop", 64, 12),
+    ("subclassed", "rmsprop", 61, 12),
+    ("custom_step", "adam", 71, 7),
+    ("embedding", "adam", 71, 7),
 ]
 
 results = {}
@@ -37,12 +53,102 @@ for kind, opt, rows, batch in SCENARIOS:
     serial_eval = serial.evaluate(plain, verbose=0, return_dict=True)
     tnt_eval = model.evaluate(plain, verbose=0, return_dict=True)
     results[name] = {
-        "weights_err": max_diff(serial.get_weights(), model.get_weights()),
-        "history_err": history_diff(serial_history, history),
+        "weights_err": worst(serial.get_weights(), model.get_weights()),
+        "history_err": worst(serial_history, history),
         "epochs": len(history["loss"]),
         "weights": flat(model.get_weights()),
-        "eval_err": max(abs(serial_eval[k] - tnt_eval[k]) for k in serial_eval),
+        "eval_err": worst(serial_eval, tnt_eval),
         "predict_err": float(np.max(np.abs(serial.predict(plain, verbose=0) - model.predict(plain, verbose=0)))),
         "predict_rows": int(model.predict(plain, verbose=0).shape[0]),
     }
-report({"rank": tnt.get_rank(), "size": tnt.get_size(), "scenarios": results, "transports": tnt_comm.transports()})
+
+# BatchNormalization normalises over each rank's own slice, so it trains exactly like serial Keras
+# only where every slice has the moments of its whole batch: here every full global batch is `size`
+# copies of the same samples. The last batch holds 1 sample, which rank 0 alone takes, so rank 0
+# normalises over what serial Keras does; the other ranks' empty slices must leave their moving
+# statistics as they were. The loss is a plain mean, NaN over no samples, to show that an empty
+# slice adds nothing to the loss and metrics either.
+COPIES_OF, FULL_BATCHES = 4, 3
+
+
+def batchnorm_data() -> tf.data.Dataset:
+    x, y = arrays(COPIES_OF * FULL_BATCHES + 1, seed=5)
+    parts = [
+        (np.tile(x[i : i + COPIES_OF], (tnt.get_size(), 1)), np.tile(y[i : i + COPIES_OF], tnt.get_size()))
+        for i in range(0, COPIES_OF * FULL_BATCHES, COPIES_OF)
+    ]
+    parts.append((x[-1:], y[-1:]))
+    xs, ys = (np.concatenate(p) for p in zip(*parts, strict=True))
+    return tf.data.Dataset.from_tensor_slices((xs, ys)).batch(COPIES_OF * tnt.get_size())
+
+
+def batchnorm_model() -> keras.Model:
+    keras.utils.set_random_seed(7)
+    model = keras.Sequential(
+        [
+            keras.Input((FEATURES,)),
+            keras.layers.Dense(8, use_bias=False),  # a bias before BatchNormalization has no effect
+            keras.layers.BatchNormalization(),
+            keras.layers.Dense(CLASSES),
+        ]
+    )
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.05),
+        loss=lambda y, p: keras.ops.mean(keras.losses.sparse_categorical_crossentropy(y, p, from_logits=True)),
+        metrics=[keras.metrics.SparseCategoricalAccuracy(name="acc")],
+    )
+    return model
+
+
+def moving(model: keras.Model) -> list[float]:
+    bn = next(layer for layer in model.layers if isinstance(layer, keras.layers.BatchNormalization))
+    return flat([bn.moving_mean.numpy(), bn.moving_variance.numpy()])
+
+
+class Moving(keras.callbacks.Callback):
+    """The moving statistics after every batch, on every rank."""
+
+    def __init__(self, model: keras.Model) -> None:
+        super().__init__()
+        self.watched, self.seen = model, []
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self.seen.append(moving(self.watched))
+
+
+serial = batchnorm_model()
+serial_history = serial.fit(batchnorm_data(), epochs=3, verbose=0).history
+inner = batchnorm_model()
+model = tnt.Model(inner)
+recorder = Moving(inner)
+history = model.fit(batchnorm_data(), epochs=3, verbose=0, callbacks=[recorder]).history
+steps = FULL_BATCHES + 1
+last = [recorder.seen[e * steps + steps - 1] for e in range(3)]
+before_last = [recorder.seen[e * steps + steps - 2] for e in range(3)]
+batchnorm = {
+    "history_err": worst(serial_history, history),
+    "trainable_err": worst(
+        [v.numpy() for v in serial.trainable_variables], [v.numpy() for v in inner.trainable_variables]
+    ),
+    "moving_err": worst([moving(serial)], [moving(inner)]),
+    "moving_finite": bool(np.all(np.isfinite(recorder.seen))),
+    "steps": len(recorder.seen),
+    # Whether the last batch of each epoch (1 sample: rank 0's) changed this rank's moving statistics.
+    "last_batch_changed": [a != b for a, b in zip(last, before_last, strict=True)],
+}
+serial_eval = serial.evaluate(batchnorm_data(), verbose=0, return_dict=True)
+tnt_eval = model.evaluate(batchnorm_data(), verbose=0, return_dict=True)  # with rank 0's moving statistics
+batchnorm["eval_err"] = worst(serial_eval, tnt_eval)
+predicted = model.predict(batchnorm_data(), verbose=0)
+batchnorm["predict_err"] = float(np.max(np.abs(serial.predict(batchnorm_data(), verbose=0) - predicted)))
+batchnorm["predict_rows"] = int(predicted.shape[0])
+
+report(
+    {
+        "rank": tnt.get_rank(),
+        "size": tnt.get_size(),
+        "scenarios": results,
+        "batchnorm": batchnorm,
+        "transports": tnt_comm.transports(),
+    }
+)
