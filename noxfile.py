@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import nox
@@ -11,7 +12,18 @@ ROOT = Path(__file__).parent
 COMM = ROOT / "packages" / "tnt-comm"
 LAUNCH = ROOT / "packages" / "tnt-launch"
 KERAS = ROOT / "packages" / "tnt-keras"
-TEST_DEPS = ["pytest>=8", "pytest-timeout", "hypothesis", "psutil", "rich"]
+TEST_DEPS = ["pytest>=8", "pytest-timeout", "pytest-xdist", "hypothesis", "psutil", "rich"]
+
+
+def concurrently() -> list[str]:
+    """pytest-xdist arguments that run independent multi-rank tests side by side, one worker per core
+    (at most 4): their ranks spend much of a test waiting (process start, rendezvous, timeouts);
+    tnt-comm's suite ran 1.8x faster with two workers on two cores.
+    Not for suites whose tests look at machine-wide state: the launcher's cleanup of other jobs,
+    or /dev/shm before and after."""
+    cores = len(os.sched_getaffinity(0))
+    return ["-n", str(min(cores, 4)), "--dist", "load"] if cores > 1 else []
+
 
 nox.options.sessions = [
     "lint",
@@ -27,99 +39,153 @@ nox.options.sessions = [
 nox.options.reuse_existing_virtualenvs = True
 
 
-def install_comm(session: nox.Session) -> None:
-    # No build isolation: the build directory (build/{wheel_tag}, see pyproject.toml) then stays
-    # valid from one session to the next and only changed files recompile.
-    session.install("scikit-build-core>=0.10", "pybind11>=2.12", "cmake", "ninja", "numpy")
-    session.install("--no-build-isolation", str(COMM))
+class SharedEnv:
+    """One virtualenv, .nox/tnt, for every default session: each session adds the parts it needs.
+
+    nox would give every session its own environment, installing TensorFlow (~1.3 GB) twice and
+    numpy, CMake and the test tools seven times; one shared environment keeps .nox under 2 GB and
+    builds tnt-comm once. Parts already installed in this nox run are not installed again.
+    """
+
+    path = ROOT / ".nox" / "tnt"
+    installed: set[str] = set()  # parts done in this nox run
+
+    def __init__(self, session: nox.Session, *parts: str) -> None:
+        self.session = session
+        self.bin = self.path / "bin"
+        if not (self.bin / "python").exists():
+            session.run(sys.executable, "-m", "virtualenv", "-q", str(self.path), external=True)
+        for part in parts:
+            self.need(part)
+
+    def need(self, part: str) -> None:
+        if part in SharedEnv.installed:
+            return
+        if part == "ruff":
+            self.pip("ruff")
+        elif part == "build":
+            self.pip("scikit-build-core>=0.10", "pybind11>=2.12", "cmake", "ninja", "numpy")
+        elif part == "test":
+            self.pip(*TEST_DEPS, "ml_dtypes")
+        elif part == "comm":
+            self.need("build")
+            # No build isolation: the build directory (build/{wheel_tag}, see pyproject.toml) stays
+            # valid from one run to the next and only changed files recompile.
+            self.pip("--no-build-isolation", "--no-deps", "--force-reinstall", str(COMM))
+        elif part == "launch":
+            self.pip(str(LAUNCH))
+        elif part == "keras":
+            self.need("comm")
+            self.need("launch")
+            # --no-compile: no bytecode for the thousands of TensorFlow modules never imported.
+            self.pip("--no-compile", f"{KERAS}[cpu,test]", "scikit-learn", "hatchling")
+            # Again with TensorFlow importable at build time, as users get with --no-build-isolation:
+            # the wheel then carries the compiled op (test_prebuilt_op checks that it is the one loaded).
+            self.pip("--no-build-isolation", "--no-deps", "--force-reinstall", str(KERAS))
+            self.run("python", "-m", "tnt_keras.ops")
+            # The tests' jobs import tnt_keras from the source tree, which has no prebuilt op: fill the
+            # cache up front, so the first test does not pay for the compile.
+            self.run("python", "-c", "from tnt_keras.ops import _build; print(_build.build())")
+        else:
+            raise ValueError(f"unknown part {part!r}")
+        SharedEnv.installed.add(part)
+
+    def pip(self, *args: str) -> None:
+        self.run("python", "-m", "pip", "install", "-q", *args)
+
+    def run(self, program: str, *args: str, env: dict[str, str] | None = None) -> None:
+        path = str(self.bin) + os.pathsep + os.environ.get("PATH", "")
+        full_env = {"VIRTUAL_ENV": str(self.path), "PATH": path, **(env or {})}
+        executable = self.bin / program
+        self.session.run(str(executable) if executable.exists() else program, *args, env=full_env, external=True)
 
 
 def ctest(session: nox.Session, name: str, *cmake_args: str) -> None:
+    env = SharedEnv(session, "build")
     build = COMM / "build" / name
-    session.install("cmake", "ninja")
-    session.run("cmake", "-S", str(COMM), "-B", str(build), "-G", "Ninja", "-DTNT_COMM_BUILD_TESTS=ON", *cmake_args)
-    session.run("cmake", "--build", str(build))
-    session.run("ctest", "--test-dir", str(build), "--output-on-failure")
+    env.run("cmake", "-S", str(COMM), "-B", str(build), "-G", "Ninja", "-DTNT_COMM_BUILD_TESTS=ON", *cmake_args)
+    env.run("cmake", "--build", str(build))
+    env.run("ctest", "--test-dir", str(build), "--output-on-failure")
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def lint(session: nox.Session) -> None:
     """ruff over all Python code."""
-    session.install("ruff")
-    session.run("ruff", "check", str(ROOT))
+    SharedEnv(session, "ruff").run("ruff", "check", str(ROOT))
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def comm(session: nox.Session) -> None:
     """tnt-comm's Python tests: real ranks, every collective, failures."""
-    install_comm(session)
-    session.install(*TEST_DEPS, "ml_dtypes")
-    session.run("pytest", str(COMM / "tests"), "-q", "-rs", *session.posargs)
+    env = SharedEnv(session, "comm", "test")
+    env.run("pytest", str(COMM / "tests"), "-q", "-rs", *concurrently(), *session.posargs)
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def comm_static(session: nox.Session) -> None:
     """tnt-comm linked as HPC compiler modules link it (libstdc++ static): every Python test, exports."""
-    session.install("scikit-build-core>=0.10", "pybind11>=2.12", "cmake", "ninja", "numpy")
-    session.install(
-        "--no-build-isolation",
+    env = SharedEnv(session, "build", "test")
+    # Installed into a folder of its own that goes first on PYTHONPATH, so that the environment's
+    # regular tnt-comm stays as the other sessions need it.
+    target = ROOT / ".nox" / "tnt-comm-static"
+    env.pip(
+        "--no-build-isolation", "--no-deps", "--upgrade", "--target", str(target),
         "-C", "build-dir=build/static-libstdcxx",
         "-C", "cmake.define.CMAKE_SHARED_LINKER_FLAGS=-static-libstdc++",
         "-C", "cmake.define.CMAKE_MODULE_LINKER_FLAGS=-static-libstdc++",
         str(COMM),
     )  # fmt: skip
+    static = {"PYTHONPATH": str(target)}
     # The build must really carry its own C++ runtime, or this session proves nothing.
-    session.run("python", str(COMM / "tests" / "static_runtime_check.py"))
-    session.install(*TEST_DEPS, "ml_dtypes")
-    session.run("pytest", str(COMM / "tests"), "-q", "-rs", *session.posargs)
+    env.run("python", str(COMM / "tests" / "static_runtime_check.py"), env=static)
+    env.run("pytest", str(COMM / "tests"), "-q", "-rs", *concurrently(), *session.posargs, env=static)
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def comm_cpp(session: nox.Session) -> None:
     """tnt-comm's C++ unit tests under ctest."""
     ctest(session, "ctest")
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def comm_asan(session: nox.Session) -> None:
     """The C++ tests under AddressSanitizer and UndefinedBehaviorSanitizer."""
     ctest(session, "asan", "-DTNT_COMM_SANITIZE=address", "-DCMAKE_BUILD_TYPE=RelWithDebInfo")
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def comm_tsan(session: nox.Session) -> None:
     """The C++ tests under ThreadSanitizer."""
     ctest(session, "tsan", "-DTNT_COMM_SANITIZE=thread", "-DCMAKE_BUILD_TYPE=RelWithDebInfo")
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def launch(session: nox.Session) -> None:
     """tnt-launch's tests: planning, real local and ssh multi-host runs, failures, cleanup."""
-    session.install(str(LAUNCH), *TEST_DEPS)
-    session.run("pytest", str(LAUNCH / "tests"), "-q", "-rs", *session.posargs)
+    env = SharedEnv(session, "launch", "test")
+    env.run("pytest", str(LAUNCH / "tests"), "-q", "-rs", *session.posargs)
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def keras(session: nox.Session) -> None:
     """tnt-keras's tests: real ranks under tnt-launch against serial Keras, callbacks, saving, errors."""
-    install_comm(session)
-    session.install(str(LAUNCH), f"{KERAS}[cpu,test]", *TEST_DEPS, "hatchling")
-    # Again with TensorFlow importable at build time, as users get with --no-build-isolation: the wheel
-    # then carries the compiled op (test_prebuilt_op checks that it is the one loaded).
-    session.install("--no-build-isolation", "--no-deps", "--force-reinstall", str(KERAS))
-    session.run("python", "-m", "tnt_keras.ops")
-    # The tests' jobs import tnt_keras from the source tree, which has no prebuilt op: fill the
-    # cache up front, so the first test does not pay for the compile.
-    session.run("python", "-c", "from tnt_keras.ops import _build; print(_build.build())")
-    session.run("pytest", str(KERAS / "tests"), "-q", "-rs", "--durations=10", *session.posargs)
+    env = SharedEnv(session, "keras", "test")
+    # Serial: these tests are bound by the CPU time of TensorFlow in every rank, and ran no faster
+    # with two workers on two cores.
+    env.run("pytest", str(KERAS / "tests"), "-q", "-rs", "--durations=10", *session.posargs)
 
 
-@nox.session
+@nox.session(venv_backend="none")
 def integration(session: nox.Session) -> None:
     """Tests across packages: collectives and the Keras example in jobs started by tnt-launch."""
-    install_comm(session)
-    session.install(str(LAUNCH), f"{KERAS}[cpu]", "scikit-learn", *TEST_DEPS)
-    session.run("pytest", str(ROOT / "integration"), "-q", "-rs", *session.posargs)
+    env = SharedEnv(session, "keras", "test")
+    env.run("pytest", str(ROOT / "integration"), "-q", "-rs", "--durations=5", *session.posargs)
+
+
+def install_comm(session: nox.Session) -> None:
+    """tnt-comm into a session's own environment (the benchmarks, which are not in the shared one)."""
+    session.install("scikit-build-core>=0.10", "pybind11>=2.12", "cmake", "ninja", "numpy")
+    session.install("--no-build-isolation", str(COMM))
 
 
 @nox.session(default=False)

@@ -60,6 +60,7 @@ def test_local_cpu_job_gets_the_whole_contract() -> None:
             "TNT_LOG_LEVEL": "WARNING",
             "TNT_LOG_ON_ALL_DEVICES": "false",
             "TNT_OUTPUT_ON_ALL_DEVICES": "false",
+            "TNT_STDOUT_TTY": "false",
             "TNT_TENSORBOARD_ON_ALL_DEVICES": "false",
             "CUDA_VISIBLE_DEVICES": "",
             "OMP_NUM_THREADS": "2",
@@ -69,6 +70,20 @@ def test_local_cpu_job_gets_the_whole_contract() -> None:
         }
         assert spec.argv == ("/usr/bin/python3", "train.py", "--lr", "0.1")
         assert spec.device == "CPU" and spec.pinning == "-"
+
+
+def test_only_the_rank_shown_as_it_comes_is_told_of_a_terminal() -> None:
+    def told(config: LaunchConfig, hosts: list[Host] = LOCAL, tty: bool = True) -> list[str]:
+        plan = build_plan(config, hosts, {h.name: facts() for h in hosts}, ID, {}, stdout_tty=tty)
+        return [spec.env["TNT_STDOUT_TTY"] for spec in plan.ranks]
+
+    assert told(cfg(nprocs=3)) == ["true", "false", "false"]
+    assert told(cfg(nprocs=1), TWO) == ["true", "false"]  # rank 0 over ssh, too
+    assert told(cfg(nprocs=3), tty=False) == ["false"] * 3
+    # Lines prefixed '[rank N]' are no terminal, not even for rank 0.
+    assert told(cfg(nprocs=3, output_on_all_devices=True)) == ["false"] * 3
+    # -x has the last word.
+    assert told(cfg(nprocs=2, exports=(("TNT_STDOUT_TTY", "true"),)), tty=False) == ["true"] * 2
 
 
 def test_one_rank_per_gpu_by_default() -> None:

@@ -621,7 +621,12 @@ class Model(keras.Model):
         )
 
     def _verbose(self, verbose: Any) -> Any:
-        return verbose if runtime.prints_here() else 0
+        if not runtime.prints_here():
+            return 0
+        if isinstance(verbose, str) and verbose == "auto" and not runtime.live_progress():
+            # What Keras chooses for output that is not interactive: one line per epoch.
+            return 2
+        return verbose
 
     def _prepare_variables(self, ds: tf.data.Dataset) -> None:
         """Builds model, metrics and optimizer from the data's shapes, then takes rank 0's values."""

@@ -59,6 +59,18 @@ def prints_here() -> bool:
     return is_master_rank() or output_on_all_devices()
 
 
+def live_progress() -> bool:
+    """Whether ``verbose="auto"`` may draw Keras' live progress bar on this rank.
+
+    No when ``tnt-launch`` says this rank's stdout reaches no terminal as it is written
+    (``TNT_STDOUT_TTY=false``: a pipe, a file, or lines prefixed by ``--output-on-all-devices``);
+    without it (no tnt-launch), yes, as in plain Keras.
+    """
+    if not os.environ.get("TNT_STDOUT_TTY", "").strip():
+        return True
+    return _env_flag("TNT_STDOUT_TTY")
+
+
 def fusion_threshold_bytes() -> int:
     """Smallest gradient bucket (``--fusion-threshold``/``TNT_FUSION_THRESHOLD_KB``, default 32 KiB)."""
     raw = os.environ.get("TNT_FUSION_THRESHOLD_KB", "32")

@@ -377,6 +377,13 @@ def _finish(plan: Plan, ssh: SshSettings) -> None:
                   file=sys.stderr)
 
 
+def _stdout_is_tty() -> bool:
+    try:
+        return sys.stdout.isatty()
+    except (AttributeError, ValueError):  # no stdout, or a closed one
+        return False
+
+
 def launch(config: LaunchConfig) -> int:
     hosts = resolve_hosts(config)
     ssh = SshSettings(config.ssh_port, config.ssh_options)
@@ -384,7 +391,7 @@ def launch(config: LaunchConfig) -> int:
         _check_script(config, hosts)
     facts, port, assumed = _probe(config, hosts, ssh)
     identity = JobIdentity(secrets.token_hex(6), secrets.token_hex(16), port)
-    plan = build_plan(config, hosts, facts, identity, os.environ)
+    plan = build_plan(config, hosts, facts, identity, os.environ, stdout_tty=_stdout_is_tty())
     for warning in plan.warnings:
         print(f"tnt-launch: warning: {warning}", file=sys.stderr)
     if config.log_level in ("DEBUG", "INFO"):

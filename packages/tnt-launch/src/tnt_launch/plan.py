@@ -173,8 +173,13 @@ def build_plan(
     facts: Mapping[str, HostFacts],
     identity: JobIdentity,
     environ: Mapping[str, str],
+    stdout_tty: bool = False,
 ) -> Plan:
     """Decide every rank's host, local rank, device, pinning, environment and command.
+
+    `stdout_tty` says whether tnt-launch's stdout is a terminal: then the rank whose stdout is
+    shown as it comes (rank 0, unless every rank's output is shown) is told TNT_STDOUT_TTY=true,
+    and may draw live progress bars.
 
     Ranks are numbered host by host, in the order the hosts are listed. A host runs `-n` or
     `--n-per-node` ranks if given, else its hostfile slots, else one per GPU, else one. Unless
@@ -276,6 +281,10 @@ def build_plan(
             env["TNT_LOG_LEVEL"] = config.log_level
             env["TNT_LOG_ON_ALL_DEVICES"] = _flag(config.log_on_all_devices)
             env["TNT_OUTPUT_ON_ALL_DEVICES"] = _flag(config.output_on_all_devices)
+            # Lines prefixed '[rank N]' and hidden output reach no terminal as they are written.
+            env["TNT_STDOUT_TTY"] = _flag(
+                stdout_tty and rank == 0 and not config.output_on_all_devices
+            )
             env["TNT_TENSORBOARD_ON_ALL_DEVICES"] = environ.get(
                 "TNT_TENSORBOARD_ON_ALL_DEVICES", "false"
             )
