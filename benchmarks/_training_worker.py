@@ -1,9 +1,10 @@
 """One process of the training benchmark; started by training.py, never by hand.
 
-``python _training_worker.py MODE [--steps M --rounds R --batch B --seed S --samples N]`` trains the
-LeNet-5-like CNN on synthetic MNIST-shaped data for ``1 + R`` epochs of ``M`` steps each, in one
-``fit``: epoch 0 is the warm-up (tracing, first touches of memory; tnt broadcasts before it) and
-is not reported; epochs 1..R are the timed rounds. MODE is one of
+``python _training_worker.py MODE --model NAME [--steps M --rounds R --batch B --seed S --samples N]``
+trains one of the benchmark's models (see ``MODELS``: a LeNet-5-like CNN, Keras' ResNet-50, a
+Transformer encoder) on synthetic data for ``1 + R`` epochs of ``M`` steps each, in one ``fit``:
+epoch 0 is the warm-up (tracing, first touches of memory; tnt broadcasts before it) and is not
+reported; epochs 1..R are the timed rounds. MODE is one of
 
 - ``keras``: plain Keras, one process, no tnt and no distribution strategy;
 - ``tnt``: ``tnt_keras.Model`` around the same model; started by ``tnt-launch`` (1 or 2 ranks), or
@@ -29,19 +30,23 @@ import os
 import sys
 import time
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 # The driver looks for this in /proc/PID/cmdline before it kills a PID a worker reported.
 MARKER = "_training_worker.py"
 RESULT_PREFIX = "TRAINING_RESULT "
 
-IMAGE_SHAPE = (28, 28, 1)
 CLASSES = 10
+# The Transformer encoder: about as many parameters as ResNet-50 (23.0M against 23.6M).
+VOCAB, SEQUENCE, WIDTH, HEADS, FEED_FORWARD, BLOCKS = 8000, 32, 512, 8, 2048, 6
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("mode", choices=["keras", "tnt", "mwms", "solo"])
+    parser.add_argument("--model", choices=list(MODELS), default="lenet")
     parser.add_argument("--steps", type=int, default=100, help="steps per epoch (per round)")
     parser.add_argument("--rounds", type=int, default=5, help="timed epochs after the warm-up epoch")
     parser.add_argument("--batch", type=int, default=256, help="global batch size")
@@ -116,21 +121,22 @@ def patch_keras_for_mwms() -> None:
     tf_trainer.reduce_per_replica = reduce_per_replica
 
 
-def build_from_shapes(model: object, per_replica_batch: int) -> None:
+def build_from_shapes(model: object, spec: ModelSpec, per_replica_batch: int) -> None:
     """Workaround 1 of ``patch_keras_for_mwms``: build from shapes, then skip Keras' own build step."""
     import keras
 
-    x = keras.KerasTensor((per_replica_batch, *IMAGE_SHAPE), "float32")
+    x = keras.KerasTensor((per_replica_batch, *spec.input_shape), spec.input_dtype)
     y = keras.KerasTensor((per_replica_batch,), "int64")
     model._symbolic_build(data_batch=(x, y))  # type: ignore[attr-defined]
     model._maybe_symbolic_build = lambda iterator=None, data_batch=None: None  # type: ignore[attr-defined]
 
 
 def lenet(keras: object) -> object:
+    """conv 6@5x5, avg-pool, conv 16@5x5, avg-pool, dense 120, 84, 10: 61.7k parameters."""
     layers = keras.layers  # type: ignore[attr-defined]
     return keras.Sequential(  # type: ignore[attr-defined]
         [
-            keras.Input(IMAGE_SHAPE),  # type: ignore[attr-defined]
+            keras.Input((28, 28, 1)),  # type: ignore[attr-defined]
             layers.Conv2D(6, 5, padding="same", activation="relu"),
             layers.AveragePooling2D(2),
             layers.Conv2D(16, 5, activation="relu"),
@@ -144,13 +150,69 @@ def lenet(keras: object) -> object:
     )
 
 
-def dataset(tf: object, args: argparse.Namespace, shard_policy: object = None) -> object:
-    """The same synthetic data for every configuration: uniform [0, 1) images and random labels
-    from a fixed seed, batched with the GLOBAL batch size, cached in memory and repeated."""
+def resnet50(keras: object) -> object:
+    """Keras' own ResNet-50, randomly initialised, on the smallest images it accepts (32x32x3): 23.6M
+    parameters, 53 BatchNormalization layers."""
+    return keras.applications.ResNet50(  # type: ignore[attr-defined]
+        weights=None, input_shape=(32, 32, 3), classes=CLASSES
+    )
+
+
+def transformer(keras: object) -> object:
+    """A BERT-style (post-LayerNorm) encoder: token embedding plus a learned position embedding,
+    ``BLOCKS`` blocks of multi-head self-attention and a ReLU feed-forward layer, each added to its
+    input and layer-normalised, then mean pooling and a softmax classifier: 23.0M parameters, a
+    third of them in the token embedding (whose gradients are sparse). No dropout."""
+    layers = keras.layers  # type: ignore[attr-defined]
+
+    class AddPositions(layers.Layer):
+        def build(self, input_shape: tuple) -> None:
+            self.positions = self.add_weight(
+                shape=tuple(input_shape[1:]), initializer="random_normal", name="positions"
+            )
+
+        def call(self, x: object) -> object:
+            return x + self.positions
+
+    tokens = keras.Input((SEQUENCE,), dtype="int32")  # type: ignore[attr-defined]
+    h = AddPositions(name="positions")(layers.Embedding(VOCAB, WIDTH, name="tokens")(tokens))
+    for i in range(BLOCKS):
+        attention = layers.MultiHeadAttention(HEADS, WIDTH // HEADS, name=f"attention{i}")(h, h)
+        h = layers.LayerNormalization(epsilon=1e-6, name=f"norm{i}a")(h + attention)
+        hidden = layers.Dense(FEED_FORWARD, activation="relu", name=f"ff{i}a")(h)
+        h = layers.LayerNormalization(epsilon=1e-6, name=f"norm{i}b")(h + layers.Dense(WIDTH, name=f"ff{i}b")(hidden))
+    pooled = layers.GlobalAveragePooling1D()(h)
+    outputs = layers.Dense(CLASSES, activation="softmax", name="classes")(pooled)
+    return keras.Model(tokens, outputs, name="transformer")  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the worker needs to know of a model: how to build it and what its inputs are."""
+
+    build: Callable[[object], object]  # keras -> an uncompiled keras.Model
+    input_shape: tuple[int, ...]  # one sample
+    input_dtype: str  # float32: uniform [0, 1) values; int32: token ids in [0, VOCAB)
+
+
+MODELS = {
+    "lenet": ModelSpec(lenet, (28, 28, 1), "float32"),
+    "resnet50": ModelSpec(resnet50, (32, 32, 3), "float32"),
+    "transformer": ModelSpec(transformer, (SEQUENCE,), "int32"),
+}
+
+
+def dataset(tf: object, spec: ModelSpec, args: argparse.Namespace, shard_policy: object = None) -> object:
+    """The same synthetic data for every configuration: inputs (uniform [0, 1) floats, or uniform
+    token ids) and random labels from a fixed seed, batched with the GLOBAL batch size, cached in
+    memory and repeated."""
     import numpy as np
 
     rng = np.random.default_rng(args.seed)
-    x = rng.random((args.samples, *IMAGE_SHAPE), dtype=np.float32)
+    if spec.input_dtype == "int32":
+        x = rng.integers(0, VOCAB, size=(args.samples, *spec.input_shape), dtype=np.int32)
+    else:
+        x = rng.random((args.samples, *spec.input_shape), dtype=np.float32)
     y = rng.integers(0, CLASSES, size=args.samples, dtype=np.int64)
     data = tf.data  # type: ignore[attr-defined]
     ds = data.Dataset.from_tensor_slices((x, y)).batch(args.batch, drop_remainder=True).cache().repeat()
@@ -261,6 +323,7 @@ def main() -> int:
 
     tag = f"{args.mode}.r{rank}"
 
+    spec = MODELS[args.model]
     keras.utils.set_random_seed(args.seed)
     compile_args = {
         "optimizer": keras.optimizers.SGD(learning_rate=0.01),
@@ -269,19 +332,19 @@ def main() -> int:
     }
     if strategy is not None:
         with strategy.scope():
-            model = lenet(keras)
+            model = spec.build(keras)
             model.compile(**compile_args)
-            build_from_shapes(model, args.batch // size)
-        ds = dataset(tf, args, tf.data.experimental.AutoShardPolicy.DATA)
+            build_from_shapes(model, spec, args.batch // size)
+        ds = dataset(tf, spec, args, tf.data.experimental.AutoShardPolicy.DATA)
     else:
-        model = lenet(keras)
+        model = spec.build(keras)
         if tnt is not None:
             model = tnt.Model(model)
         model.compile(**compile_args)
         # solo: batches of this rank's slice size (the DESIGN.md formula), so the work per process
         # is what a tnt rank does, without the slicing map and without communication.
         local_batch = args.batch // size + (rank < args.batch % size) if args.mode == "solo" else args.batch
-        ds = dataset(tf, argparse.Namespace(**{**vars(args), "batch": local_batch}))
+        ds = dataset(tf, spec, argparse.Namespace(**{**vars(args), "batch": local_batch}))
 
     epochs = time_epochs(keras, bench_dir, tag)
     fit_start = time.perf_counter()
@@ -289,6 +352,8 @@ def main() -> int:
     fit_seconds = time.perf_counter() - fit_start
     result = {
         "mode": args.mode,
+        "model": args.model,
+        "parameters": int(model.count_params()),
         "rank": rank,
         "size": size,
         "pid": os.getpid(),

@@ -1,15 +1,18 @@
 """Training throughput benchmark: tnt_keras against plain Keras and MultiWorkerMirroredStrategy.
 
-Trains a LeNet-5-like CNN on synthetic MNIST-shaped data (global batch 256, SGD, sparse categorical
-crossentropy) in five configurations, each in fresh processes started by this driver one after the
-other: plain Keras in one process, tnt with 1 rank and with 2 ranks (through ``tnt-launch``),
-tf.distribute.MultiWorkerMirroredStrategy with 2 workers, and as context the machine's ceiling for
-2 ranks: two plain Keras processes, each on half of every batch, with no communication. Prints the
-median throughput in global samples per second, its spread and the step time, checks tnt's
-targets, and writes a bar chart.
+Trains each of three models on synthetic data (SGD, sparse categorical crossentropy): a LeNet-5-like
+CNN (61.7k parameters, global batch 256), Keras' ResNet-50 on 32x32 images (23.6M parameters,
+batch 16) and a Transformer encoder (23.0M parameters, 32 tokens, batch 16). Every model runs in
+five configurations, each in fresh processes started by this driver one after the other: plain
+Keras in one process, tnt with 1 rank and with 2 ranks (through ``tnt-launch``),
+tf.distribute.MultiWorkerMirroredStrategy with 2 workers, and the machine's ceiling for 2 ranks:
+two plain Keras processes, each on half of every batch, with no communication. Prints, per model,
+the median throughput in global samples per second, its spread and the step time and the check of
+tnt's targets, then a summary of all targets, and writes one bar chart panel per model.
 
-    python benchmarks/training.py [--quick] [--passes P] [--rounds R] [--steps M]
-                                  [--configs keras tnt1 tnt2 mwms ceiling] [--out docs/training.png]
+    python benchmarks/training.py [--models lenet resnet50 transformer] [--quick] [--passes P]
+                                  [--rounds R] [--steps M] [--configs keras tnt1 tnt2 mwms ceiling]
+                                  [--out docs/training.png] [--json docs/training.json]
 
 See benchmarks/README.md for how the timing is done.
 """
@@ -53,12 +56,41 @@ CONTRACT_VARIABLES = (
     "TNT_JOB_TOKEN",
 )
 
-# The targets tnt is built to (checked in the second table).
-SPEEDUP_VS_KERAS = 1.5  # tnt 2 ranks / plain Keras in one process, at least
-SPEEDUP_VS_MWMS = 2.0  # tnt 2 ranks / MWMS 2 workers, at least
-OVERHEAD_1RANK_PCT = 3.0  # tnt 1 rank step time over plain Keras, below
+# The ratios tnt is measured by, each a row of a model's targets table: tnt 2 ranks' samples/s over a
+# baseline's, or (overhead) tnt 1 rank's step time over plain Keras', in percent.
+RATIOS = {
+    "keras": "tnt 2 ranks / plain Keras 1 process",
+    "mwms": "tnt 2 ranks / MWMS 2 workers",
+    "ceiling": "tnt 2 ranks / ceiling (2 procs, no comm)",
+    "overhead": "tnt 1 rank step time over plain Keras",
+}
 # Cores of other work during the timed rounds above which the result gets a warning.
 BUSY_OTHER_LOAD = 0.25
+
+
+@dataclass(frozen=True)
+class Bench:
+    """How one model is benchmarked, and the bars tnt has to meet on it."""
+
+    title: str
+    batch: int  # global batch size
+    steps: int  # per round
+    rounds: int  # per start
+    samples: int  # synthetic samples, cached and repeated
+    timeout: float  # stall timeout of one start, in seconds
+    # ratio key (see RATIOS) -> bar: at least that for samples/s ratios, below it for the overhead
+    targets: dict[str, float]
+
+
+BENCHES = {
+    # Issue 11's first targets, on a model too small to stress fusion or overlap.
+    "lenet": Bench("LeNet-5", 256, 100, 5, 4096, 120.0, {"keras": 1.5, "mwms": 2.0, "overhead": 3.0}),
+    # Issue 11, section 6: 25M-parameter models, with a step of about a second on 2 cores.
+    "resnet50": Bench("ResNet-50, 32x32x3", 16, 5, 3, 256, 600.0, {"ceiling": 0.95, "mwms": 1.5, "overhead": 3.0}),
+    "transformer": Bench(
+        "Transformer encoder, 6 x 512, 32 tokens", 16, 5, 3, 256, 600.0, {"ceiling": 0.95, "mwms": 1.5, "overhead": 3.0}
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -92,6 +124,7 @@ class Run:
     # seconds, cpu_seconds (all ranks), machine_busy_seconds, loss
     rounds: list[dict[str, float]] = field(default_factory=list)
     warmup_s: float = 0.0
+    parameters: int = 0
     threads: dict[str, object] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
 
@@ -111,6 +144,7 @@ class Summary:
     cores: float | None = None  # median CPU time / wall time, summed over ranks
     other_load: float | None = None  # median cores busy with anything else during the rounds
     loss: float | None = None  # mean loss of the last round of the first pass (same data, steps and seed)
+    parameters: int = 0
     threads: dict[str, object] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
 
@@ -187,6 +221,7 @@ def commands(config: Config, args: argparse.Namespace, workdir: Path) -> list[_r
     script = [
         str(WORKER),
         config.mode,
+        f"--model={args.model}",
         f"--steps={args.steps}",
         f"--rounds={args.rounds}",
         f"--batch={args.batch}",
@@ -267,6 +302,7 @@ def collect(config: Config, workdir: Path, outcome: _ranks.Outcome) -> Run:
         "ok",
         rounds=rounds,
         warmup_s=float(result["warmup"][0]["seconds"]) if result["warmup"] else 0.0,
+        parameters=int(result.get("parameters", 0)),
         threads=dict(result.get("threads", {})),
         versions=dict(result.get("versions", {})),
     )
@@ -311,6 +347,7 @@ def summarise(config: Config, runs: list[Run], args: argparse.Namespace) -> Summ
         cores=statistics.median(cores) if len(cores) == len(step_s) else None,
         other_load=statistics.median(other) if len(other) == len(step_s) else None,
         loss=ok[0].rounds[-1].get("loss") if ok[0].rounds else None,
+        parameters=ok[0].parameters,
         threads=ok[0].threads,
         versions=ok[0].versions,
     )
@@ -330,29 +367,32 @@ def ratio(a: Summary | None, b: Summary | None) -> float | None:
     return a.samples_s / b.samples_s
 
 
-def checks(summaries: dict[str, Summary]) -> list[tuple[str, str, str, str]]:
-    """(what, measured, target, verdict) for tnt's three targets, and its share of the ceiling."""
+def checks(summaries: dict[str, Summary], bench: Bench) -> list[tuple[str, str, str, str]]:
+    """(what, measured, bar, verdict) for every ratio of RATIOS; a ratio without a bar for this model
+    is shown as context ("info")."""
     rows = []
-    keras, tnt1, tnt2, mwms = (summaries.get(k) for k in ("keras", "tnt1", "tnt2", "mwms"))
-    for what, value, target in (
-        ("tnt 2 ranks / plain Keras 1 process", ratio(tnt2, keras), SPEEDUP_VS_KERAS),
-        ("tnt 2 ranks / MWMS 2 workers", ratio(tnt2, mwms), SPEEDUP_VS_MWMS),
-    ):
-        if value is None:
-            rows.append((what, "-", f">= {target:.1f}x", "not measured"))
+    tnt1, tnt2, keras = (summaries.get(k) for k in ("tnt1", "tnt2", "keras"))
+    for key, what in RATIOS.items():
+        bar = bench.targets.get(key)
+        if key == "overhead":
+            measured = None
+            if tnt1 is not None and keras is not None and tnt1.status == "ok" and keras.status == "ok":
+                measured = (tnt1.step_ms / keras.step_ms - 1) * 100
+            text = "-" if measured is None else f"{measured:+.1f}%"
+            bar_text = "(context)" if bar is None else f"< {bar:.0f}%"
+            met = measured is not None and bar is not None and measured < bar
         else:
-            rows.append((what, f"{value:.2f}x", f">= {target:.1f}x", "met" if value >= target else "NOT met"))
-    what = "tnt 1 rank step time over plain Keras"
-    if tnt1 is None or keras is None or tnt1.status != "ok" or keras.status != "ok":
-        rows.append((what, "-", f"< {OVERHEAD_1RANK_PCT:.0f}%", "not measured"))
-    else:
-        overhead = (tnt1.step_ms / keras.step_ms - 1) * 100
-        verdict = "met" if overhead < OVERHEAD_1RANK_PCT else "NOT met"
-        rows.append((what, f"{overhead:+.1f}%", f"< {OVERHEAD_1RANK_PCT:.0f}%", verdict))
-    # No target: how much of what the machine allows 2 ranks (compute without communication) tnt gets.
-    share = ratio(tnt2, summaries.get("ceiling"))
-    what = "tnt 2 ranks / ceiling (2 procs, no comm)"
-    rows.append((what, "-" if share is None else f"{share:.2f}x", "(context)", "-" if share is None else "info"))
+            measured = ratio(tnt2, summaries.get(key))
+            text = "-" if measured is None else f"{measured:.2f}x"
+            bar_text = "(context)" if bar is None else f">= {bar:.2f}x"
+            met = measured is not None and bar is not None and measured >= bar
+        if measured is None:
+            verdict = "not measured" if bar is not None else "-"
+        elif bar is None:
+            verdict = "info"
+        else:
+            verdict = "met" if met else "NOT met"
+        rows.append((what, text, bar_text, verdict))
     return rows
 
 
@@ -373,6 +413,11 @@ HEADERS = [
 ]
 
 
+def rate(samples_s: float) -> str:
+    """Samples/s to three significant digits at least (the large models do a few per second)."""
+    return f"{samples_s:,.0f}" if samples_s >= 100 else f"{samples_s:.3g}"
+
+
 def table_rows(summaries: dict[str, Summary]) -> list[list[str]]:
     rows = []
     keras = summaries.get("keras")
@@ -387,8 +432,8 @@ def table_rows(summaries: dict[str, Summary]) -> list[list[str]]:
                 config.label,
                 str(config.ranks),
                 threads_text(config, summary),
-                f"{summary.samples_s:,.0f}",
-                f"{summary.samples_s_min:,.0f}-{summary.samples_s_max:,.0f}",
+                rate(summary.samples_s),
+                f"{rate(summary.samples_s_min)}-{rate(summary.samples_s_max)}",
                 f"{summary.step_ms:.2f} ms",
                 f"{versus:.2f}x" if versus is not None else "-",
                 f"{summary.cores:.2f}" if summary.cores is not None else "-",
@@ -400,43 +445,53 @@ def table_rows(summaries: dict[str, Summary]) -> list[list[str]]:
     return rows
 
 
-def title(args: argparse.Namespace, summaries: dict[str, Summary]) -> str:
+def describe(args: argparse.Namespace, summaries: dict[str, Summary]) -> str:
+    """The model, its size and the run's settings, for a table's or a plot panel's title."""
+    parameters = max((s.parameters for s in summaries.values()), default=0)
+    size = f", {parameters / 1e6:.1f}M parameters" if parameters >= 1e6 else f", {parameters / 1e3:.1f}k parameters"
+    return (
+        f"{BENCHES[args.model].title}{size if parameters else ''}, global batch {args.batch}, {cpus()} cores: "
+        f"median over {args.passes} pass(es) x {args.rounds} rounds of {args.steps} steps"
+    )
+
+
+def versions_text(summaries: dict[str, Summary]) -> str:
     versions: dict[str, str] = {}
     for summary in summaries.values():
         versions.update(summary.versions)
-    text = (
-        f"LeNet-5 training, global batch {args.batch}, {cpus()} cores: median over "
-        f"{args.passes} pass(es) x {args.rounds} rounds of {args.steps} steps"
-    )
-    if versions:
-        text += "\n(" + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())) + ")"
-    return text
+    return ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))
 
 
-def print_tables(args: argparse.Namespace, summaries: dict[str, Summary]) -> None:
-    rows = table_rows(summaries)
-    check_rows = [list(r) for r in checks(summaries)]
+def print_tables(measured: dict[str, tuple[argparse.Namespace, dict[str, Summary]]]) -> None:
+    """One table and one targets table per model, then every model's targets in one summary."""
     check_headers = ["target", "measured", "bar", "verdict"]
+    tables: list[tuple[str, list[str], list[list[str]]]] = []
+    summary_rows = []
+    for model, (args, summaries) in measured.items():
+        heading = describe(args, summaries)
+        versions = versions_text(summaries)
+        if versions:
+            heading += f"\n({versions})"
+        tables.append((heading, HEADERS, table_rows(summaries)))
+        check_rows = [list(r) for r in checks(summaries, BENCHES[model])]
+        tables.append((f"tnt targets: {BENCHES[model].title}", check_headers, check_rows))
+        summary_rows += [[model, *r] for r in check_rows if r[2] != "(context)"]
+    tables.append(("all targets", ["model", *check_headers], summary_rows))
     try:
         from rich.console import Console
         from rich.table import Table
     except ImportError:
-        print_plain(title(args, summaries), HEADERS, rows)
-        print_plain("tnt targets", check_headers, check_rows)
+        for heading, headers, rows in tables:
+            print_plain(heading, headers, rows)
         return
     console = Console() if sys.stdout.isatty() else Console(width=170)
-    table = Table(title=title(args, summaries))
-    for i, header in enumerate(HEADERS):
-        table.add_column(header, justify="left" if i == 0 else "right", no_wrap=True)
-    for row in rows:
-        table.add_row(*row)
-    console.print(table)
-    targets = Table(title="tnt targets")
-    for i, header in enumerate(check_headers):
-        targets.add_column(header, justify="left" if i == 0 else "right", no_wrap=True)
-    for row in check_rows:
-        targets.add_row(*row)
-    console.print(targets)
+    for heading, headers, rows in tables:
+        table = Table(title=heading)
+        for i, header in enumerate(headers):
+            table.add_column(header, justify="left" if i == 0 else "right", no_wrap=True)
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
 
 
 def print_plain(heading: str, headers: list[str], rows: list[list[str]]) -> None:
@@ -448,7 +503,13 @@ def print_plain(heading: str, headers: list[str], rows: list[list[str]]) -> None
     print()
 
 
-def plot(args: argparse.Namespace, summaries: dict[str, Summary], out: Path) -> bool:
+SHORT = {"keras": "plain Keras", "mwms": "MWMS", "ceiling": "the ceiling"}
+COLORS = {"keras": "tab:gray", "tnt1": "tab:orange", "tnt2": "tab:red", "mwms": "tab:blue", "ceiling": "tab:green"}
+
+
+def plot(measured: dict[str, tuple[argparse.Namespace, dict[str, Summary]]], out: Path) -> bool:
+    """One panel per model: every configuration's median samples/s with its min-max, and the bars
+    for tnt 2 ranks that are ratios to another configuration as dashed lines."""
     try:
         import matplotlib
 
@@ -457,15 +518,34 @@ def plot(args: argparse.Namespace, summaries: dict[str, Summary], out: Path) -> 
     except ImportError:
         print("matplotlib is not installed: no plot written", file=sys.stderr)
         return False
-    colors = {"keras": "tab:gray", "tnt1": "tab:orange", "tnt2": "tab:red", "mwms": "tab:blue", "ceiling": "tab:green"}
+    fig, axes = plt.subplots(1, len(measured), figsize=(7.5 * len(measured), 5.8), squeeze=False)
+    versions: dict[str, str] = {}
+    busiest = 0.0
+    for ax, (model, (args, summaries)) in zip(axes[0], measured.items(), strict=True):
+        panel(ax, model, args, summaries)
+        for summary in summaries.values():
+            versions.update(summary.versions)
+            busiest = max(busiest, summary.other_load or 0.0)
+    heading = ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))
+    if busiest > BUSY_OTHER_LOAD:
+        heading += f"; machine busy with other work (up to {busiest:.2f} cores, median per config): noisy"
+    fig.suptitle(heading, fontsize=10)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def panel(ax: object, model: str, args: argparse.Namespace, summaries: dict[str, Summary]) -> None:
     keys = list(summaries)
-    fig, ax = plt.subplots(figsize=(8, 5))
-    keras, mwms = summaries.get("keras"), summaries.get("mwms")
+    keras = summaries.get("keras")
     targets = []
-    if keras is not None and keras.status == "ok":
-        targets.append((keras.samples_s * SPEEDUP_VS_KERAS, "tab:gray", f"{SPEEDUP_VS_KERAS:.1f}x plain Keras"))
-    if mwms is not None and mwms.status == "ok":
-        targets.append((mwms.samples_s * SPEEDUP_VS_MWMS, "tab:blue", f"{SPEEDUP_VS_MWMS:.1f}x MWMS"))
+    for key, bar in BENCHES[model].targets.items():
+        base = summaries.get(key)
+        if key in COLORS and base is not None and base.status == "ok":
+            label = f"target for tnt 2 ranks: {bar:.2f}x {SHORT[key]}"
+            targets.append((base.samples_s * bar, COLORS[key], label))
     ok = [s for s in summaries.values() if s.status == "ok"]
     top = max([s.samples_s_max for s in ok] + [t[0] for t in targets], default=1.0)
     for i, key in enumerate(keys):
@@ -475,38 +555,22 @@ def plot(args: argparse.Namespace, summaries: dict[str, Summary], out: Path) -> 
             continue
         low = summary.samples_s - summary.samples_s_min
         high = summary.samples_s_max - summary.samples_s
-        ax.bar(i, summary.samples_s, color=colors[key], yerr=[[low], [high]], capsize=6)
-        label = f"{summary.samples_s:,.0f}"
-        for name, base in (("Keras", keras), ("MWMS", mwms), ("ceiling", summaries.get("ceiling"))):
+        ax.bar(i, summary.samples_s, color=COLORS[key], yerr=[[low], [high]], capsize=6)
+        label = rate(summary.samples_s)
+        for name, base in (("Keras", keras), ("MWMS", summaries.get("mwms")), ("ceiling", summaries.get("ceiling"))):
             versus = ratio(summary, base)
             if versus is not None and base is not summary and (name == "Keras" or key == "tnt2"):
                 label += f"\n{versus:.2f}x {name}"
-        ax.text(i, summary.samples_s_max + top * 0.01, label, ha="center", va="bottom", fontsize=9)
+        ax.text(i, summary.samples_s_max + top * 0.01, label, ha="center", va="bottom", fontsize=8)
     for value, color, text in targets:
-        ax.axhline(value, color=color, linestyle="--", linewidth=1, label=f"target for tnt 2 ranks: {text}")
+        ax.axhline(value, color=color, linestyle="--", linewidth=1, label=text)
     if targets:
-        ax.legend(loc="upper left", fontsize=9)
-    ax.set_xticks(range(len(keys)), [BY_KEY[k].label.replace(", ", ",\n", 1) for k in keys])
+        ax.legend(loc="upper left", fontsize=8)
+    ax.set_xticks(range(len(keys)), [BY_KEY[k].label.replace(", ", ",\n", 1) for k in keys], fontsize=8)
     ax.set_ylabel("global samples/s (median; bars: min-max over rounds)")
-    ax.set_ylim(0, top * 1.3)
+    ax.set_ylim(0, top * 1.45)
     ax.grid(True, axis="y", alpha=0.3)
-    versions = {}
-    for summary in summaries.values():
-        versions.update(summary.versions)
-    heading = (
-        f"LeNet-5, global batch {args.batch}, SGD, {cpus()} CPU cores; "
-        f"{args.passes} pass(es) x {args.rounds} rounds x {args.steps} steps\n"
-        + ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))
-    )
-    busiest = max((s.other_load or 0.0 for s in ok), default=0.0)
-    if busiest > BUSY_OTHER_LOAD:
-        heading += f"\nmachine busy with other work (up to {busiest:.2f} cores, median per config): noisy"
-    ax.set_title(heading, fontsize=10)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return True
+    ax.set_title(describe(args, summaries).replace(": median", ":\nmedian", 1), fontsize=9)
 
 
 # --- main ----------------------------------------------------------------------------------------
@@ -514,6 +578,13 @@ def plot(args: argparse.Namespace, summaries: dict[str, Summary], out: Path) -> 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        choices=list(BENCHES),
+        default=list(BENCHES),
+        help="models to run, one after the other, each in every configuration (default: all three)",
+    )
     parser.add_argument(
         "--configs",
         nargs="+",
@@ -527,21 +598,38 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=2,
         help="start every configuration this many times, alternating; all rounds count (default: 2)",
     )
-    parser.add_argument("--rounds", type=int, default=5, help="timed rounds (epochs) per start (default: 5)")
+    per_model = "(default: per model, see BENCHES: %s)"
     parser.add_argument(
-        "--steps", type=int, default=100, help="steps per round; the warm-up is one more such epoch (default: 100)"
+        "--rounds",
+        type=int,
+        help="timed rounds (epochs) per start " + per_model % ", ".join(f"{k} {b.rounds}" for k, b in BENCHES.items()),
     )
-    parser.add_argument("--batch", type=int, default=256, help="global batch size (default: 256)")
     parser.add_argument(
-        "--samples", type=int, default=4096, help="synthetic samples, cached and repeated (default: 4096)"
+        "--steps",
+        type=int,
+        help="steps per round; the warm-up is one more such epoch "
+        + per_model % ", ".join(f"{k} {b.steps}" for k, b in BENCHES.items()),
+    )
+    parser.add_argument(
+        "--batch",
+        type=int,
+        help="global batch size " + per_model % ", ".join(f"{k} {b.batch}" for k, b in BENCHES.items()),
+    )
+    parser.add_argument(
+        "--samples",
+        type=int,
+        help="synthetic samples, cached and repeated "
+        + per_model % ", ".join(f"{k} {b.samples}" for k, b in BENCHES.items()),
     )
     parser.add_argument("--seed", type=int, default=1234, help="seed of data and weights (default: 1234)")
-    parser.add_argument("--quick", action="store_true", help="smoke run: 1 pass, 2 rounds of 20 steps (about a minute)")
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run: 1 pass, 2 rounds of a fifth of each model's steps"
+    )
     parser.add_argument(
         "--timeout",
         type=float,
-        default=120.0,
-        help="stop a configuration that finishes no epoch for this many seconds (default: 120)",
+        help="stop a configuration that finishes no epoch for this many seconds "
+        + per_model % ", ".join(f"{k} {b.timeout:.0f}" for k, b in BENCHES.items()),
     )
     parser.add_argument(
         "--out", type=Path, default=REPO / "docs" / "training.png", help="PNG plot (default: docs/training.png)"
@@ -555,12 +643,33 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     if args.quick:
-        args.passes, args.rounds, args.steps = 1, 2, 20
-    if min(args.passes, args.rounds, args.steps, args.batch, args.samples) < 1:
+        args.passes, args.rounds = 1, 2
+    given = [v for v in (args.rounds, args.steps, args.batch, args.samples) if v is not None]
+    if min([args.passes, *given]) < 1:
         parser.error("--passes, --rounds, --steps, --batch and --samples must be positive")
-    if args.samples < args.batch:
-        parser.error("--samples must be at least --batch")
+    for model in args.models:
+        settings = model_args(args, model)
+        if settings.samples < settings.batch:
+            parser.error(f"{model}: --samples ({settings.samples}) must be at least --batch ({settings.batch})")
     return args
+
+
+def model_args(args: argparse.Namespace, model: str) -> argparse.Namespace:
+    """The settings of one model's runs: the command line's, where given, else the model's own."""
+    bench = BENCHES[model]
+    settings = argparse.Namespace(**vars(args))
+    settings.model = model
+    steps = bench.steps if not args.quick else max(1, bench.steps // 5)
+    for name, default in (
+        ("rounds", bench.rounds),
+        ("steps", steps),
+        ("batch", bench.batch),
+        ("samples", bench.samples),
+        ("timeout", bench.timeout),
+    ):
+        if getattr(args, name) is None:
+            setattr(settings, name, default)
+    return settings
 
 
 def run_all(args: argparse.Namespace) -> dict[str, list[Run]]:
@@ -574,55 +683,78 @@ def run_all(args: argparse.Namespace) -> dict[str, list[Run]]:
             done = results[key]
             if done and done[-1].status != "ok":
                 continue  # not installed, failed or hung once: not tried again
-            print(f"[pass {pass_ + 1}/{args.passes}] {BY_KEY[key].label} ...", end=" ", file=sys.stderr, flush=True)
+            print(
+                f"[{args.model}, pass {pass_ + 1}/{args.passes}] {BY_KEY[key].label} ...",
+                end=" ",
+                file=sys.stderr,
+                flush=True,
+            )
             run = run_config(BY_KEY[key], args)
             done.append(run)
             note = ""
             if run.status == "ok":
                 rates = [args.batch * args.steps / r["seconds"] for r in run.rounds]
-                note = f", {statistics.median(rates):,.0f} samples/s"
+                note = f", {statistics.median(rates):,.1f} samples/s"
             print(f"{run.status} ({run.wall_s:.1f} s{note})", file=sys.stderr, flush=True)
             if run.status not in ("ok", "not installed"):
                 print(run.detail, file=sys.stderr, flush=True)
     return results
 
 
-def from_json(args: argparse.Namespace) -> dict[str, Summary]:
-    """The summaries a run saved with --json, under that run's settings (kept in ``args``)."""
-    payload = json.loads(args.from_json.read_text())
-    for key in ("passes", "rounds", "steps", "batch"):
-        setattr(args, key, payload["settings"][key])
-    return {key: Summary(**fields) for key, fields in payload["summaries"].items()}
+SETTINGS = ("model", "passes", "rounds", "steps", "batch", "samples", "seed", "timeout")
+
+
+def from_json(path: Path) -> dict[str, tuple[argparse.Namespace, dict[str, Summary]]]:
+    """The summaries a run saved with --json, each model under that run's settings."""
+    payload = json.loads(path.read_text())
+    return {
+        model: (
+            argparse.Namespace(**{k: saved["settings"][k] for k in SETTINGS}),
+            {key: Summary(**fields) for key, fields in saved["summaries"].items()},
+        )
+        for model, saved in payload["models"].items()
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.from_json is not None:
-        summaries = from_json(args)
-        print_tables(args, summaries)
-        if plot(args, summaries, args.out):
+        measured = from_json(args.from_json)
+        print_tables(measured)
+        if plot(measured, args.out):
             print(f"plot: {args.out}")
         return 0
     started = time.monotonic()
+    measured = {}
+    results = {}
     with _ranks.terminate_as_interrupt():
-        results = run_all(args)
-    summaries = {key: summarise(BY_KEY[key], runs, args) for key, runs in results.items()}
-    print_tables(args, summaries)
-    busy = [BY_KEY[k].label for k, s in summaries.items() if (s.other_load or 0.0) > BUSY_OTHER_LOAD]
-    if busy:
-        print(
-            f"note: other work kept more than {BUSY_OTHER_LOAD:.2f} cores busy (median) during the rounds of: "
-            + ", ".join(busy)
-            + "; those numbers are not comparable with a quiet machine's"
-        )
-    if plot(args, summaries, args.out):
+        for model in args.models:
+            settings = model_args(args, model)
+            results[model] = run_all(settings)
+            summaries = {key: summarise(BY_KEY[key], runs, settings) for key, runs in results[model].items()}
+            measured[model] = (settings, summaries)
+    print_tables(measured)
+    for model, (_, summaries) in measured.items():
+        busy = [BY_KEY[k].label for k, s in summaries.items() if (s.other_load or 0.0) > BUSY_OTHER_LOAD]
+        if busy:
+            print(
+                f"note ({model}): other work kept more than {BUSY_OTHER_LOAD:.2f} cores busy (median) during the "
+                "rounds of: " + ", ".join(busy) + "; those numbers are not comparable with a quiet machine's"
+            )
+    if plot(measured, args.out):
         print(f"plot: {args.out}")
     if args.json:
         payload = {
             "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-            "summaries": {k: asdict(s) for k, s in summaries.items()},
-            "checks": checks(summaries),
-            "runs": {k: [asdict(r) for r in runs] for k, runs in results.items()},
+            "models": {
+                model: {
+                    "settings": {k: getattr(settings, k) for k in SETTINGS},
+                    "summaries": {k: asdict(s) for k, s in summaries.items()},
+                    "checks": checks(summaries, BENCHES[model]),
+                    "runs": {k: [asdict(r) for r in runs] for k, runs in results[model].items()},
+                }
+                for model, (settings, summaries) in measured.items()
+            },
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(payload, indent=1))

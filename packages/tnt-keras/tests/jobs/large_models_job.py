@@ -1,0 +1,171 @@
+"""A few steps of Keras' ResNet-50 and of a Transformer encoder under tnt, each against a serial
+reference computed in the same process; see test_large_models.py for what is compared.
+
+Every rank computes its own reference first (the ranks do so at the same time, so this costs no
+more than one rank doing it), then trains the same initial weights under tnt, and reports the
+largest differences.
+"""
+
+import hashlib
+import sys
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+import tnt_keras as tnt
+from _job import max_diff, report
+
+STEPS = 3
+BATCH = 8  # global: 4 rows per rank on 2 ranks
+CLASSES = 10
+# The benchmark's Transformer encoder (benchmarks/_training_worker.py), 23.0M parameters.
+VOCAB, SEQUENCE, WIDTH, HEADS, FEED_FORWARD, BLOCKS = 8000, 32, 512, 8, 2048, 6
+
+
+def resnet50() -> keras.Model:
+    return keras.applications.ResNet50(weights=None, input_shape=(32, 32, 3), classes=CLASSES)
+
+
+class AddPositions(keras.layers.Layer):
+    def build(self, input_shape: Any) -> None:
+        self.positions = self.add_weight(shape=tuple(input_shape[1:]), initializer="random_normal", name="positions")
+
+    def call(self, x: Any) -> Any:
+        return x + self.positions
+
+
+def transformer() -> keras.Model:
+    layers = keras.layers
+    tokens = keras.Input((SEQUENCE,), dtype="int32")
+    h = AddPositions()(layers.Embedding(VOCAB, WIDTH)(tokens))
+    for _ in range(BLOCKS):
+        h = layers.LayerNormalization(epsilon=1e-6)(h + layers.MultiHeadAttention(HEADS, WIDTH // HEADS)(h, h))
+        hidden = layers.Dense(FEED_FORWARD, activation="relu")(h)
+        h = layers.LayerNormalization(epsilon=1e-6)(h + layers.Dense(WIDTH)(hidden))
+    outputs = layers.Dense(CLASSES, activation="softmax")(layers.GlobalAveragePooling1D()(h))
+    return keras.Model(tokens, outputs)
+
+
+def data(kind: str) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(3)
+    rows = STEPS * BATCH
+    if kind == "resnet50":
+        x = rng.random((rows, 32, 32, 3), dtype=np.float32)
+    else:
+        x = rng.integers(0, VOCAB, size=(rows, SEQUENCE), dtype=np.int32)
+    return x, rng.integers(0, CLASSES, size=rows, dtype=np.int64)
+
+
+def optimizer() -> keras.optimizers.Optimizer:
+    return keras.optimizers.SGD(0.01, momentum=0.9)
+
+
+def loss() -> keras.losses.Loss:
+    return keras.losses.SparseCategoricalCrossentropy()
+
+
+def running_means(step_losses: list[float]) -> list[float]:
+    """What Keras logs after each batch: the mean loss over the epoch's batches so far (all of one size)."""
+    return [float(np.mean(step_losses[: i + 1])) for i in range(len(step_losses))]
+
+
+def serial_fit(model: keras.Model, x: np.ndarray, y: np.ndarray) -> list[float]:
+    """Plain Keras on the global batches, run eagerly (3 steps cost less than tracing); returns the
+    logged loss after every step."""
+    model.compile(optimizer=optimizer(), loss=loss(), run_eagerly=True)
+    logged: list[float] = []
+    record = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: logged.append(float(logs["loss"])))
+    model.fit(x, y, batch_size=BATCH, shuffle=False, epochs=1, verbose=0, callbacks=[record])
+    return logged
+
+
+def per_slice_fit(model: keras.Model, x: np.ndarray, y: np.ndarray, rank: int, size: int) -> list[float]:
+    """Serial training with data-parallel BatchNormalization: each global batch is cut into the
+    ranks' slices (tnt's rule: rank r gets ``B//N + (r < B%N)`` rows, in order), the gradient of
+    each slice is taken in training mode (BatchNormalization normalises over that slice), scaled by
+    the slice's share of the batch and summed in rank order, and the sum is applied with the same
+    optimizer. The moving statistics keep the updates of slice ``rank`` only, as rank ``rank``'s do.
+    Returns the logged loss after every step: the running mean of the rows-weighted slice losses.
+
+    The slice gradients are taken in a tf.function, as Keras' train step is: run eagerly, TensorFlow
+    computes BatchNormalization with other kernels, whose gradients differ from the graph's by
+    percents on 4 rows (variances of 4 values at ResNet-50's last, 1x1 stage), far above 1e-5."""
+    opt, loss_fn = optimizer(), loss()
+    trainable, moving = model.trainable_variables, model.non_trainable_variables
+
+    @tf.function
+    def slice_gradients(xs: tf.Tensor, ys: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor]]:
+        with tf.GradientTape() as tape:
+            value = loss_fn(ys, model(xs, training=True))
+        return value, tape.gradient(value, trainable)
+
+    step_losses = []
+    for step in range(STEPS):
+        start, total, step_loss = step * BATCH, None, 0.0
+        for r in range(size):
+            first = r * (BATCH // size) + min(r, BATCH % size)
+            rows = BATCH // size + (r < BATCH % size)
+            before = [v.numpy() for v in moving]
+            part = slice(start + first, start + first + rows)
+            value, grads = slice_gradients(x[part], y[part])
+            if r != rank:
+                for v, saved in zip(moving, before, strict=True):
+                    v.assign(saved)
+            share = tf.constant(rows, tf.float32) / tf.constant(BATCH, tf.float32)
+            scaled = [g * share for g in grads]
+            total = scaled if total is None else [a + b for a, b in zip(total, scaled, strict=True)]
+            step_loss += float(value) * rows / BATCH
+        opt.apply(total, trainable)
+        step_losses.append(step_loss)
+    return running_means(step_losses)
+
+
+def digest(variables: list[Any]) -> str:
+    h = hashlib.sha256()
+    for v in variables:
+        h.update(np.ascontiguousarray(v.numpy()).tobytes())
+    return h.hexdigest()
+
+
+def compare(kind: str) -> dict[str, Any]:
+    rank, size = tnt.get_rank(), tnt.get_size()
+    build = resnet50 if kind == "resnet50" else transformer
+    keras.utils.set_random_seed(11)
+    inner = build()
+    reference = build()
+    reference.set_weights(inner.get_weights())
+    initial = [v.numpy() for v in inner.trainable_variables]
+    x, y = data(kind)
+    if kind == "resnet50":
+        reference_losses = per_slice_fit(reference, x, y, rank, size)
+    else:
+        reference_losses = serial_fit(reference, x, y)
+
+    model = tnt.Model(inner)
+    model.compile(optimizer=optimizer(), loss=loss())
+    logged: list[float] = []
+    record = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: logged.append(float(logs["loss"])))
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+    model.fit(ds, epochs=1, verbose=0, callbacks=[record])
+    return {
+        "parameters": int(inner.count_params()),
+        "batch_norm_layers": sum(isinstance(layer, keras.layers.BatchNormalization) for layer in inner.layers),
+        "steps": len(logged),
+        "losses": logged,
+        "loss_err": max(abs(a - b) for a, b in zip(logged, reference_losses, strict=True)),
+        "trainable_err": max_diff(
+            [v.numpy() for v in inner.trainable_variables], [v.numpy() for v in reference.trainable_variables]
+        ),
+        "non_trainable_err": max_diff(
+            [v.numpy() for v in inner.non_trainable_variables], [v.numpy() for v in reference.non_trainable_variables]
+        )
+        if inner.non_trainable_variables
+        else 0.0,
+        "moved": max_diff([v.numpy() for v in inner.trainable_variables], initial),
+        "trainable_digest": digest(inner.trainable_variables),
+    }
+
+
+kinds = sys.argv[1:] or ["resnet50", "transformer"]
+report({"rank": tnt.get_rank(), "size": tnt.get_size(), **{kind: compare(kind) for kind in kinds}})
