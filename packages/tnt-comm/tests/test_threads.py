@@ -52,15 +52,19 @@ def test_one_group_from_two_threads_at_once_is_refused_everywhere(tmp_path: Path
 import threading, numpy as np, tnt_comm as tc
 size = tc.size()
 outcome = {}
+calls = {1: 0, 100: 0}
 together = threading.Barrier(2)
 
 def work(v):
     wrong = 0
     together.wait()
     try:
-        for _ in range(300):
+        # Both threads keep calling until each has made 300 calls, so their calls overlap in time
+        # however the scheduler runs them (one thread alone could otherwise finish first).
+        while min(calls.values()) < 300:
             if not (tc.allreduce(np.full(1000, v, np.float32)) == v * size).all():
                 wrong += 1
+            calls[v] += 1
         outcome[v] = f"finished wrong={wrong}"
     except tc.CollectiveMismatch as e:
         outcome[v] = f"refused wrong={wrong}: {e}"
