@@ -77,7 +77,8 @@ class SharedEnv:
         elif part == "keras":
             self.need("comm")
             self.need("launch")
-            # --no-compile: no bytecode for the thousands of TensorFlow modules never imported.
+            # --no-compile: no bytecode for the thousands of TensorFlow modules never imported; the
+            # ones that are get theirs from write_bytecode.py below.
             self.pip("--no-compile", f"{KERAS}[cpu,test]", "scikit-learn", "hatchling")
             # Again with TensorFlow importable at build time, as users get with --no-build-isolation:
             # the wheel then carries the compiled op (test_prebuilt_op checks that it is the one loaded).
@@ -86,6 +87,14 @@ class SharedEnv:
             # The tests' jobs import tnt_keras from the source tree, which has no prebuilt op: fill the
             # cache up front, so the first test does not pay for the compile.
             self.run("python", "-c", "from tnt_keras.ops import _build; print(_build.build())")
+            # Bytecode for the modules the ranks import (see the script): with PYTHONDONTWRITEBYTECODE
+            # set, each rank would otherwise compile TensorFlow's Python anew, 5 s of CPU per rank.
+            # PYTHONPATH as the jobs have it, so the source tree's tnt_keras gets its bytecode too.
+            self.run(
+                "python",
+                str(KERAS / "tests" / "write_bytecode.py"),
+                env={"PYTHONDONTWRITEBYTECODE": "", "PYTHONPATH": str(KERAS / "src")},
+            )
         else:
             raise ValueError(f"unknown part {part!r}")
         SharedEnv.installed.add(part)
