@@ -1,5 +1,10 @@
 """Trains every kind of model against plain Keras on the same globally batched data."""
 
+import os
+import pickle
+from collections.abc import Callable
+from pathlib import Path
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -36,32 +41,39 @@ SCENARIOS = [
     ("embedding", "adam", 71, 7),
 ]
 
-results = {}
-for kind, opt, rows, batch in SCENARIOS:
-    name = f"{kind}-{opt}-{rows}-{batch}"
-    # A seeded reshuffling dataset advances its order with every pass, so each run gets its own.
+
+def serial_run(kind: str, opt: str, rows: int, batch: int) -> dict:
+    """Plain Keras on the same data: the reference."""
     serial = build(kind)
     serial.compile(**compile_args(opt))
-    serial_history = serial.fit(dataset(rows, batch, seed=rows), epochs=3, verbose=0).history
+    # A seeded reshuffling dataset advances its order with every pass, so each run gets its own.
+    history = serial.fit(dataset(rows, batch, seed=rows), epochs=3, verbose=0).history
+    plain = dataset(rows, batch, seed=rows, shuffle=False)
+    return {
+        "weights": serial.get_weights(),
+        "history": history,
+        "eval": serial.evaluate(plain, verbose=0, return_dict=True),
+        "predict": serial.predict(plain, verbose=0),
+    }
 
+
+def tnt_run(kind: str, opt: str, rows: int, batch: int) -> dict:
     model = tnt.Model(build(kind))
     model.compile(**compile_args(opt))
     history = model.fit(dataset(rows, batch, seed=rows), epochs=3, verbose=0).history
     assert isinstance(model, tnt.Model)
-
     plain = dataset(rows, batch, seed=rows, shuffle=False)
-    serial_eval = serial.evaluate(plain, verbose=0, return_dict=True)
-    tnt_eval = model.evaluate(plain, verbose=0, return_dict=True)
-    predicted = model.predict(plain, verbose=0)
-    results[name] = {
-        "weights_err": worst(serial.get_weights(), model.get_weights()),
-        "history_err": worst(serial_history, history),
-        "epochs": len(history["loss"]),
-        "weights": flat(model.get_weights()),
-        "eval_err": worst(serial_eval, tnt_eval),
-        "predict_err": float(np.max(np.abs(serial.predict(plain, verbose=0) - predicted))),
-        "predict_rows": int(predicted.shape[0]),
+    return {
+        "weights": model.get_weights(),
+        "history": history,
+        "eval": model.evaluate(plain, verbose=0, return_dict=True),
+        "predict": model.predict(plain, verbose=0),
     }
+
+
+def name_of(kind: str, opt: str, rows: int, batch: int) -> str:
+    return f"{kind}-{opt}-{rows}-{batch}"
+
 
 # BatchNormalization normalises over each rank's own slice, so it trains exactly like serial Keras
 # only where every slice has the moments of its whole batch: here every full global batch is `size`
@@ -117,32 +129,92 @@ class Moving(keras.callbacks.Callback):
         self.seen.append(moving(self.watched))
 
 
-serial = batchnorm_model()
-serial_history = serial.fit(batchnorm_data(), epochs=3, verbose=0).history
-inner = batchnorm_model()
-model = tnt.Model(inner)
-recorder = Moving(inner)
-history = model.fit(batchnorm_data(), epochs=3, verbose=0, callbacks=[recorder]).history
+def batchnorm_serial() -> dict:
+    serial = batchnorm_model()
+    history = serial.fit(batchnorm_data(), epochs=3, verbose=0).history
+    return {
+        "history": history,
+        "trainable": [v.numpy() for v in serial.trainable_variables],
+        "moving": moving(serial),
+        "eval": serial.evaluate(batchnorm_data(), verbose=0, return_dict=True),
+        "predict": serial.predict(batchnorm_data(), verbose=0),
+    }
+
+
+def batchnorm_tnt() -> dict:
+    inner = batchnorm_model()
+    model = tnt.Model(inner)
+    recorder = Moving(inner)
+    history = model.fit(batchnorm_data(), epochs=3, verbose=0, callbacks=[recorder]).history
+    return {
+        "history": history,
+        "trainable": [v.numpy() for v in inner.trainable_variables],
+        "moving": moving(inner),
+        "seen": recorder.seen,
+        "eval": model.evaluate(batchnorm_data(), verbose=0, return_dict=True),  # with rank 0's moving statistics
+        "predict": model.predict(batchnorm_data(), verbose=0),
+    }
+
+
+# Every rank trains every model under tnt first. The serial references are then shared out: rank r
+# computes those of scenarios r, r + N, ... (and the last rank the BatchNormalization model's), all
+# ranks at once, and passes them to the others through files: the same numbers for N times less CPU
+# than every rank computing all of them.
+distributed = {name_of(*s): tnt_run(*s) for s in SCENARIOS}
+bn_mine = batchnorm_tnt()
+rank, size = tnt.get_rank(), tnt.get_size()
+shared = Path(os.environ["TNT_TEST_OUT"])
+
+
+def write_reference(name: str, compute: Callable[[], dict]) -> None:
+    with open(shared / f"serial-{name}.pickle", "wb") as f:
+        pickle.dump(compute(), f)
+
+
+def reference(name: str) -> dict:
+    with open(shared / f"serial-{name}.pickle", "rb") as f:
+        return pickle.load(f)
+
+
+for i, scenario in enumerate(SCENARIOS):
+    if i % size == rank:
+        write_reference(name_of(*scenario), lambda s=scenario: serial_run(*s))
+if rank == size - 1:
+    write_reference("batchnorm", batchnorm_serial)
+tnt_comm.barrier()  # every reference is written
+
+results = {}
+for scenario in SCENARIOS:
+    name = name_of(*scenario)
+    serial = reference(name)
+    mine = distributed[name]
+    results[name] = {
+        "weights_err": worst(serial["weights"], mine["weights"]),
+        "history_err": worst(serial["history"], mine["history"]),
+        "epochs": len(mine["history"]["loss"]),
+        "weights": flat(mine["weights"]),
+        "eval_err": worst(serial["eval"], mine["eval"]),
+        "predict_err": float(np.max(np.abs(serial["predict"] - mine["predict"]))),
+        "predict_rows": int(mine["predict"].shape[0]),
+    }
+
 steps = FULL_BATCHES + 1
-last = [recorder.seen[e * steps + steps - 1] for e in range(3)]
-before_last = [recorder.seen[e * steps + steps - 2] for e in range(3)]
+seen = bn_mine["seen"]
+last = [seen[e * steps + steps - 1] for e in range(3)]
+before_last = [seen[e * steps + steps - 2] for e in range(3)]
+bn_serial = reference("batchnorm")
 batchnorm = {
-    "history_err": worst(serial_history, history),
-    "trainable_err": worst(
-        [v.numpy() for v in serial.trainable_variables], [v.numpy() for v in inner.trainable_variables]
-    ),
-    "moving_err": worst([moving(serial)], [moving(inner)]),
-    "moving_finite": bool(np.all(np.isfinite(recorder.seen))),
-    "steps": len(recorder.seen),
+    "history_err": worst(bn_serial["history"], bn_mine["history"]),
+    "trainable_err": worst(bn_serial["trainable"], bn_mine["trainable"]),
+    "moving_err": worst([bn_serial["moving"]], [bn_mine["moving"]]),
+    "moving_finite": bool(np.all(np.isfinite(seen))),
+    "steps": len(seen),
     # Whether the last batch of each epoch (1 sample: rank 0's) changed this rank's moving statistics.
     "last_batch_changed": [a != b for a, b in zip(last, before_last, strict=True)],
+    "eval_err": worst(bn_serial["eval"], bn_mine["eval"]),
+    "predict_err": float(np.max(np.abs(bn_serial["predict"] - bn_mine["predict"]))),
+    "predict_rows": int(bn_mine["predict"].shape[0]),
 }
-serial_eval = serial.evaluate(batchnorm_data(), verbose=0, return_dict=True)
-tnt_eval = model.evaluate(batchnorm_data(), verbose=0, return_dict=True)  # with rank 0's moving statistics
-batchnorm["eval_err"] = worst(serial_eval, tnt_eval)
-predicted = model.predict(batchnorm_data(), verbose=0)
-batchnorm["predict_err"] = float(np.max(np.abs(serial.predict(batchnorm_data(), verbose=0) - predicted)))
-batchnorm["predict_rows"] = int(predicted.shape[0])
 
 report(
     {
