@@ -4,7 +4,7 @@ The models of test_training.py have a few hundred parameters; these two have 23-
 sums about 94 MB of gradients in many fused buckets while backprop goes on. ``jobs/large_models_job.py``
 trains each model for 3 steps of global batch 8 (4 rows per rank), SGD with momentum 0.9, float32,
 starting both runs from the same initial weights, and every rank compares with a serial reference
-that it computes itself:
+(each model's computed once, by one rank, for every rank):
 
 - Transformer encoder (the benchmark's: 6 blocks of width 512, 32 tokens, 23.0M parameters, a
   sparse-gradient token embedding): the reference is plain Keras ``fit`` on the same global

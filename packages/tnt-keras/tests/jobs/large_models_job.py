@@ -1,18 +1,22 @@
 """A few steps of Keras' ResNet-50 and of a Transformer encoder under tnt, each against a serial
-reference computed in the same process; see test_large_models.py for what is compared.
+reference; see test_large_models.py for what is compared.
 
-Every rank computes its own reference first (the ranks do so at the same time, so this costs no
-more than one rank doing it), then trains the same initial weights under tnt, and reports the
-largest differences.
+The references are computed first, each model's by one rank for every rank (on 2 ranks the two
+models' at the same time), then every rank trains the same initial weights under tnt and reports
+the largest differences from its reference.
 """
 
 import hashlib
+import os
+import pickle
 import sys
+from pathlib import Path
 from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
+import tnt_comm
 import tnt_keras as tnt
 from _job import max_diff, report
 
@@ -80,13 +84,15 @@ def serial_fit(model: keras.Model, x: np.ndarray, y: np.ndarray) -> list[float]:
     return logged
 
 
-def per_slice_fit(model: keras.Model, x: np.ndarray, y: np.ndarray, rank: int, size: int) -> list[float]:
+def per_slice_fit(model: keras.Model, x: np.ndarray, y: np.ndarray, size: int) -> tuple[list[float], list[list]]:
     """Serial training with data-parallel BatchNormalization: each global batch is cut into the
     ranks' slices (tnt's rule: rank r gets ``B//N + (r < B%N)`` rows, in order), the gradient of
     each slice is taken in training mode (BatchNormalization normalises over that slice), scaled by
     the slice's share of the batch and summed in rank order, and the sum is applied with the same
-    optimizer. The moving statistics keep the updates of slice ``rank`` only, as rank ``rank``'s do.
-    Returns the logged loss after every step: the running mean of the rows-weighted slice losses.
+    optimizer. Rank r's moving statistics keep the updates of slice r only; in training mode they
+    do not enter the gradients, so one pass gives every rank's by keeping each rank's apart.
+    Returns the logged loss after every step (the running mean of the rows-weighted slice losses)
+    and, for every rank, its non-trainable variables at the end.
 
     The slice gradients are taken in a tf.function, as Keras' train step is: run eagerly, TensorFlow
     computes BatchNormalization with other kernels, whose gradients differ from the graph's by
@@ -100,25 +106,25 @@ def per_slice_fit(model: keras.Model, x: np.ndarray, y: np.ndarray, rank: int, s
             value = loss_fn(ys, model(xs, training=True))
         return value, tape.gradient(value, trainable)
 
+    kept = [[v.numpy() for v in moving] for _ in range(size)]  # each rank's moving statistics
     step_losses = []
     for step in range(STEPS):
         start, total, step_loss = step * BATCH, None, 0.0
         for r in range(size):
             first = r * (BATCH // size) + min(r, BATCH % size)
             rows = BATCH // size + (r < BATCH % size)
-            before = [v.numpy() for v in moving]
+            for v, saved in zip(moving, kept[r], strict=True):
+                v.assign(saved)
             part = slice(start + first, start + first + rows)
             value, grads = slice_gradients(x[part], y[part])
-            if r != rank:
-                for v, saved in zip(moving, before, strict=True):
-                    v.assign(saved)
+            kept[r] = [v.numpy() for v in moving]
             share = tf.constant(rows, tf.float32) / tf.constant(BATCH, tf.float32)
             scaled = [g * share for g in grads]
             total = scaled if total is None else [a + b for a, b in zip(total, scaled, strict=True)]
             step_loss += float(value) * rows / BATCH
         opt.apply(total, trainable)
         step_losses.append(step_loss)
-    return running_means(step_losses)
+    return running_means(step_losses), kept
 
 
 def digest(variables: list[Any]) -> str:
@@ -128,24 +134,32 @@ def digest(variables: list[Any]) -> str:
     return h.hexdigest()
 
 
-def compare(kind: str) -> dict[str, Any]:
-    rank, size = tnt.get_rank(), tnt.get_size()
-    build = resnet50 if kind == "resnet50" else transformer
-    keras.utils.set_random_seed(11)
-    inner = build()
-    reference = build()
-    reference.set_weights(inner.get_weights())
-    initial = [v.numpy() for v in inner.trainable_variables]
+BUILDERS = {"resnet50": resnet50, "transformer": transformer}
+
+
+def reference(kind: str, inner: keras.Model, size: int) -> dict[str, Any]:
+    """The serial reference of every rank for ``kind``, from ``inner``'s initial weights."""
+    model = BUILDERS[kind]()
+    model.set_weights(inner.get_weights())
     x, y = data(kind)
     if kind == "resnet50":
-        reference_losses = per_slice_fit(reference, x, y, rank, size)
+        losses, non_trainable = per_slice_fit(model, x, y, size)
     else:
-        reference_losses = serial_fit(reference, x, y)
+        losses = serial_fit(model, x, y)
+        non_trainable = [[v.numpy() for v in model.non_trainable_variables]] * size
+    return {
+        "losses": losses,
+        "trainable": [v.numpy() for v in model.trainable_variables],
+        "non_trainable": non_trainable,
+    }
 
+
+def compare(kind: str, inner: keras.Model, initial: list[np.ndarray], ref: dict[str, Any], rank: int) -> dict[str, Any]:
     model = tnt.Model(inner)
     model.compile(optimizer=optimizer(), loss=loss())
     logged: list[float] = []
     record = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: logged.append(float(logs["loss"])))
+    x, y = data(kind)
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
     model.fit(ds, epochs=1, verbose=0, callbacks=[record])
     return {
@@ -153,13 +167,9 @@ def compare(kind: str) -> dict[str, Any]:
         "batch_norm_layers": sum(isinstance(layer, keras.layers.BatchNormalization) for layer in inner.layers),
         "steps": len(logged),
         "losses": logged,
-        "loss_err": max(abs(a - b) for a, b in zip(logged, reference_losses, strict=True)),
-        "trainable_err": max_diff(
-            [v.numpy() for v in inner.trainable_variables], [v.numpy() for v in reference.trainable_variables]
-        ),
-        "non_trainable_err": max_diff(
-            [v.numpy() for v in inner.non_trainable_variables], [v.numpy() for v in reference.non_trainable_variables]
-        )
+        "loss_err": max(abs(a - b) for a, b in zip(logged, ref["losses"], strict=True)),
+        "trainable_err": max_diff([v.numpy() for v in inner.trainable_variables], ref["trainable"]),
+        "non_trainable_err": max_diff([v.numpy() for v in inner.non_trainable_variables], ref["non_trainable"][rank])
         if inner.non_trainable_variables
         else 0.0,
         "moved": max_diff([v.numpy() for v in inner.trainable_variables], initial),
@@ -167,5 +177,23 @@ def compare(kind: str) -> dict[str, Any]:
     }
 
 
+# The references are shared out: model i's is computed by rank i % N (both at once on 2 ranks), for
+# every rank, and passed to the others through files. Then every rank trains each model under tnt.
+rank, size = tnt.get_rank(), tnt.get_size()
+shared = Path(os.environ["TNT_TEST_OUT"])
 kinds = sys.argv[1:] or ["resnet50", "transformer"]
-report({"rank": tnt.get_rank(), "size": tnt.get_size(), **{kind: compare(kind) for kind in kinds}})
+inners, initials = {}, {}
+for i, kind in enumerate(kinds):
+    keras.utils.set_random_seed(11)
+    inners[kind] = BUILDERS[kind]()
+    initials[kind] = [v.numpy() for v in inners[kind].trainable_variables]
+    if i % size == rank:
+        with open(shared / f"reference-{kind}.pickle", "wb") as f:
+            pickle.dump(reference(kind, inners[kind], size), f)
+tnt_comm.barrier()  # every reference is written
+results = {}
+for kind in kinds:
+    with open(shared / f"reference-{kind}.pickle", "rb") as f:
+        ref = pickle.load(f)
+    results[kind] = compare(kind, inners[kind], initials[kind], ref, rank)
+report({"rank": rank, "size": size, **results})
