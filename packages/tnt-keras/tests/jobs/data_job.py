@@ -3,6 +3,9 @@
 import io
 import logging
 import os
+import pickle
+from collections.abc import Callable
+from pathlib import Path
 
 import tensorflow as tf
 
@@ -11,6 +14,7 @@ early = tf.data.Dataset.range(8).map(lambda i: (tf.fill([6], tf.cast(i, tf.float
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+import tnt_comm  # noqa: E402
 import tnt_keras as tnt  # noqa: E402
 from _job import arrays, build, compile_args, dataset, flat, max_diff, report  # noqa: E402
 
@@ -37,29 +41,6 @@ def fresh(kind: str = "functional", opt: str = "sgd") -> tnt.Model:
 
 
 x, y = arrays(70)
-# numpy inputs with batch_size, unshuffled: equal to serial Keras on the same arrays.
-serial = build("functional")
-serial.compile(**compile_args("adam"))
-serial.fit(x, y, batch_size=7, epochs=2, shuffle=False, verbose=0)
-model = fresh("functional", "adam")
-model.fit(x, y, batch_size=7, epochs=2, shuffle=False, verbose=0)
-results["numpy_err"] = max_diff(serial.get_weights(), model.get_weights())
-results["numpy_eval_err"] = abs(
-    serial.evaluate(x, y, batch_size=7, verbose=0)[0] - model.evaluate(x, y, batch_size=7, verbose=0)[0]
-)
-results["numpy_predict_err"] = float(
-    np.max(np.abs(serial.predict(x, batch_size=7, verbose=0) - model.predict(x, batch_size=7, verbose=0)))
-)
-# steps_per_execution > 1 (several steps per call of the traced function): equal to serial.
-serial = build("custom_step")
-serial.compile(**compile_args("adam"), steps_per_execution=3)
-serial.fit(dataset(75, 7, seed=3), epochs=2, verbose=0)
-model = tnt.Model(build("custom_step"))
-model.compile(**compile_args("adam"), steps_per_execution=3)
-model.fit(dataset(75, 7, seed=3), epochs=2, verbose=0)
-results["steps_per_execution_err"] = max_diff(serial.get_weights(), model.get_weights())
-
-# Dict inputs (a two-input Functional model) and sparse inputs: sliced per rank, equal to serial.
 xa, ya = arrays(75, seed=4)
 sparse_x = xa * (np.abs(xa) > 0.7)  # mostly zeros
 
@@ -77,47 +58,92 @@ def sparse_input() -> keras.Model:
     return keras.Model(inputs, keras.layers.Dense(3)(inputs))
 
 
-for name, make, data in (
-    ("dict", two_inputs, lambda: tf.data.Dataset.from_tensor_slices(({"a": xa[:, :4], "b": xa[:, 4:]}, ya))),
-    ("sparse", sparse_input, lambda: tf.data.Dataset.from_tensor_slices((tf.sparse.from_dense(sparse_x), ya))),
-):
-    serial = make()
-    serial.compile(**compile_args("adam"))
-    serial.fit(data().batch(7), epochs=2, verbose=0)
-    model = tnt.Model(make())
-    model.compile(**compile_args("adam"))
-    model.fit(data().batch(7), epochs=2, verbose=0)
-    results[f"{name}_inputs_err"] = max_diff(serial.get_weights(), model.get_weights())
+INPUTS = {
+    "dict": (two_inputs, lambda: tf.data.Dataset.from_tensor_slices(({"a": xa[:, :4], "b": xa[:, 4:]}, ya))),
+    "sparse": (sparse_input, lambda: tf.data.Dataset.from_tensor_slices((tf.sparse.from_dense(sparse_x), ya))),
+}
+
+
+# Each case runs twice: with plain Keras (the reference, computed further down) and under tnt.
+def numpy_inputs(model: keras.Model) -> dict:
+    """numpy inputs with batch_size, unshuffled."""
+    model.fit(x, y, batch_size=7, epochs=2, shuffle=False, verbose=0)
+    return {
+        "weights": model.get_weights(),
+        "eval": model.evaluate(x, y, batch_size=7, verbose=0)[0],
+        "predict": model.predict(x, batch_size=7, verbose=0),
+    }
+
+
+def steps_per_execution(model: keras.Model) -> dict:
+    """steps_per_execution > 1: several steps per call of the traced function."""
+    model.compile(**compile_args("adam"), steps_per_execution=3)
+    model.fit(dataset(75, 7, seed=3), epochs=2, verbose=0)
+    return {"weights": model.get_weights()}
+
+
+def inputs_of(name: str) -> Callable[[keras.Model], dict]:
+    """Dict inputs (a two-input Functional model) and sparse inputs, sliced per rank."""
+
+    def train(model: keras.Model) -> dict:
+        model.fit(INPUTS[name][1]().batch(7), epochs=2, verbose=0)
+        return {"weights": model.get_weights()}
+
+    return train
+
+
+def micro_batches(model: keras.Model, distributed: bool) -> dict:
+    """tnt_micro_batch_size on an unbatched dataset: serial Keras with global batch micro * size."""
+    if distributed:
+        model.fit(tf.data.Dataset.from_tensor_slices((x, y)), tnt_micro_batch_size=4, epochs=2, verbose=0)
+    else:
+        model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(4 * size), epochs=2, verbose=0)
+    return {"weights": model.get_weights()}
+
+
+def validation(model: keras.Model, **options: bool) -> dict:
+    """Validation data, distributed and not: the same global val_loss."""
+    h = model.fit(
+        dataset(60, 12, shuffle=False), validation_data=dataset(33, 11, seed=4, shuffle=False), verbose=0, **options
+    )
+    return {"val_loss": h.history["val_loss"][0]}
+
+
+def compiled(make: Callable[[], keras.Model], wrap: bool, opt: str = "adam") -> keras.Model:
+    model = tnt.Model(make()) if wrap else make()
+    model.compile(**compile_args(opt))
+    return model
+
+
+functional, custom_step = (lambda: build("functional")), (lambda: build("custom_step"))
+# name: (plain Keras run, tnt run)
+CASES: dict[str, tuple[Callable[[], dict], Callable[[], dict]]] = {
+    "numpy": (lambda: numpy_inputs(compiled(functional, False)), lambda: numpy_inputs(compiled(functional, True))),
+    "steps_per_execution": (
+        lambda: steps_per_execution(custom_step()),
+        lambda: steps_per_execution(tnt.Model(custom_step())),
+    ),
+    **{
+        name: (
+            lambda name=name: inputs_of(name)(compiled(INPUTS[name][0], False)),
+            lambda name=name: inputs_of(name)(compiled(INPUTS[name][0], True)),
+        )
+        for name in INPUTS
+    },
+    "micro": (
+        lambda: micro_batches(compiled(functional, False), False),
+        lambda: micro_batches(compiled(functional, True), True),
+    ),
+    "val": (lambda: validation(compiled(functional, False)), lambda: validation(compiled(functional, True))),
+}
+mine = {name: run_tnt() for name, (_, run_tnt) in CASES.items()}
+mine["val_undistributed"] = validation(compiled(functional, True), tnt_distribute_validation_dataset=False)
 
 # Shuffled numpy inputs and validation_split: every rank agrees.
 model = fresh()
 history = model.fit(x, y, batch_size=7, epochs=2, validation_split=0.2, verbose=0).history
 results["shuffled_numpy_weights"] = flat(model.get_weights())
 results["validation_keys"] = sorted(history)
-
-# tnt_micro_batch_size on an unbatched dataset: equal to serial with global batch micro * size.
-serial = build("functional")
-serial.compile(**compile_args("adam"))
-serial.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(4 * size), epochs=2, verbose=0)
-model = fresh("functional", "adam")
-model.fit(tf.data.Dataset.from_tensor_slices((x, y)), tnt_micro_batch_size=4, epochs=2, verbose=0)
-results["micro_err"] = max_diff(serial.get_weights(), model.get_weights())
-
-# Validation data, distributed and not: the same global val_loss as serial.
-serial = build("functional")
-serial.compile(**compile_args("adam"))
-sh = serial.fit(dataset(60, 12, shuffle=False), validation_data=dataset(33, 11, seed=4, shuffle=False), verbose=0)
-model = fresh("functional", "adam")
-th = model.fit(dataset(60, 12, shuffle=False), validation_data=dataset(33, 11, seed=4, shuffle=False), verbose=0)
-results["val_err"] = abs(sh.history["val_loss"][0] - th.history["val_loss"][0])
-model = fresh("functional", "adam")
-th = model.fit(
-    dataset(60, 12, shuffle=False),
-    validation_data=dataset(33, 11, seed=4, shuffle=False),
-    tnt_distribute_validation_dataset=False,
-    verbose=0,
-)
-results["val_undistributed_err"] = abs(sh.history["val_loss"][0] - th.history["val_loss"][0])
 
 # tnt_distribute_dataset=False: each rank reads its own shard as local batches; ranks stay identical.
 model = fresh()
@@ -156,4 +182,24 @@ results["bn_warning"] = "BatchNormalization" in log.getvalue()
 summed = tnt.Model(build("functional"))
 summed.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum"))
 results["sum_loss_warning"] = "reduction='sum'" in log.getvalue()
+
+# The plain Keras references are shared out: rank r computes cases r, r + N, ..., all ranks at once,
+# and passes them to the others through files (the same numbers for N times less CPU).
+shared = Path(os.environ["TNT_TEST_OUT"])
+for i, (name, (run_serial, _)) in enumerate(CASES.items()):
+    if i % size == rank:
+        with open(shared / f"serial-{name}.pickle", "wb") as f:
+            pickle.dump(run_serial(), f)
+tnt_comm.barrier()  # every reference is written
+serial = {}
+for name in CASES:
+    with open(shared / f"serial-{name}.pickle", "rb") as f:
+        serial[name] = pickle.load(f)
+for name in ("numpy", "steps_per_execution", "dict", "sparse", "micro"):
+    key = {"numpy": "numpy_err", "dict": "dict_inputs_err", "sparse": "sparse_inputs_err"}.get(name, f"{name}_err")
+    results[key] = max_diff(serial[name]["weights"], mine[name]["weights"])
+results["numpy_eval_err"] = abs(serial["numpy"]["eval"] - mine["numpy"]["eval"])
+results["numpy_predict_err"] = float(np.max(np.abs(serial["numpy"]["predict"] - mine["numpy"]["predict"])))
+results["val_err"] = abs(serial["val"]["val_loss"] - mine["val"]["val_loss"])
+results["val_undistributed_err"] = abs(serial["val"]["val_loss"] - mine["val_undistributed"]["val_loss"])
 report(results)
