@@ -14,7 +14,7 @@ LAUNCH = ROOT / "packages" / "tnt-launch"
 KERAS = ROOT / "packages" / "tnt-keras"
 TEST_DEPS = ["pytest>=8", "pytest-timeout", "pytest-xdist", "hypothesis", "psutil", "rich"]
 # What examples/keras_digits.py needs beyond tnt (numpy is in the shared environment), and where.
-EXAMPLE_PACKAGES = ["scikit-learn", "scipy", "joblib", "threadpoolctl"]
+EXAMPLE_PACKAGES = ["scikit-learn", "scipy", "joblib", "threadpoolctl", "cloudpickle", "narwhals"]
 EXAMPLE_DEPS = ROOT / ".nox" / "example-deps"
 
 

@@ -59,10 +59,12 @@ def work(v):
     wrong = 0
     together.wait()
     try:
-        # Both threads keep calling until each has made 300 calls, so their calls overlap in time
-        # however the scheduler runs them (one thread alone could otherwise finish first).
+        # Both threads keep calling until each has made 300 calls, so that one cannot finish alone.
+        # Each call sums 4 MB, a millisecond or more: the other thread, woken when this one lets go
+        # of the GIL, enters its call while this one still waits. (Calls of microseconds could
+        # alternate in lockstep on both ranks without ever overlapping, which is no misuse to see.)
         while min(calls.values()) < 300:
-            if not (tc.allreduce(np.full(1000, v, np.float32)) == v * size).all():
+            if not (tc.allreduce(np.full(1 << 20, v, np.float32)) == v * size).all():
                 wrong += 1
             calls[v] += 1
         outcome[v] = f"finished wrong={wrong}"
