@@ -102,7 +102,8 @@ class SharedEnv:
             # scikit-learn (the example's data) goes to a folder of its own, put on PYTHONPATH only
             # where the example runs: Keras imports scikit-learn and SciPy at start when they are
             # importable, 0.65 s of CPU in each of the ~100 ranks the other tests start.
-            self.pip("--no-deps", "--upgrade", "--target", str(EXAMPLE_DEPS), *EXAMPLE_PACKAGES)
+            # No bytecode (50 MB) for one test's two ranks: it keeps .nox under 2 GB.
+            self.pip("--no-deps", "--no-compile", "--upgrade", "--target", str(EXAMPLE_DEPS), *EXAMPLE_PACKAGES)
         else:
             raise ValueError(f"unknown part {part!r}")
         SharedEnv.installed.add(part)
