@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
@@ -44,6 +45,8 @@ def run(
     """Starts ``jobs/<job>.py`` on ``ranks`` ranks (``launcher_args`` go to tnt-launch); every rank
     writes ``rank<r>.json`` to TNT_TEST_OUT."""
     out_dir = Path(tempfile.mkdtemp(prefix=f"tnt-keras-{job}-"))
+    # Tests read the folder after the job (reports, files the job wrote); it goes when pytest exits.
+    atexit.register(shutil.rmtree, out_dir, ignore_errors=True)
     full_env = dict(os.environ)
     full_env.update(
         {

@@ -191,9 +191,13 @@ for i, kind in enumerate(kinds):
         with open(shared / f"reference-{kind}.pickle", "wb") as f:
             pickle.dump(reference(kind, inners[kind], size), f)
 tnt_comm.barrier()  # every reference is written
-results = {}
+refs = {}
 for kind in kinds:
     with open(shared / f"reference-{kind}.pickle", "rb") as f:
-        ref = pickle.load(f)
-    results[kind] = compare(kind, inners[kind], initials[kind], ref, rank)
+        refs[kind] = pickle.load(f)
+tnt_comm.barrier()  # every reference is read: the files (90 MB each) can go
+for i, kind in enumerate(kinds):
+    if i % size == rank:
+        (shared / f"reference-{kind}.pickle").unlink()
+results = {kind: compare(kind, inners[kind], initials[kind], refs[kind], rank) for kind in kinds}
 report({"rank": rank, "size": size, **results})
