@@ -87,12 +87,11 @@ class SharedEnv:
             # the wheel then carries the compiled op (test_prebuilt_op checks that it is the one loaded).
             self.pip("--no-build-isolation", "--no-deps", "--force-reinstall", str(KERAS))
             self.run("python", "-m", "tnt_keras.ops")
-            # The tests' jobs import tnt_keras from the source tree, which has no prebuilt op: fill the
-            # cache up front, so the first test does not pay for the compile.
-            self.run("python", "-c", "from tnt_keras.ops import _build; print(_build.build())")
             # Bytecode for the modules the ranks import (see the script): with PYTHONDONTWRITEBYTECODE
             # set, each rank would otherwise compile TensorFlow's Python anew, 5 s of CPU per rank.
-            # PYTHONPATH as the jobs have it, so the source tree's tnt_keras gets its bytecode too.
+            # PYTHONPATH as the jobs have it: the source tree's tnt_keras gets its bytecode too, and
+            # the script fills the op cache the jobs load from (the source tree has no prebuilt op),
+            # so that the first test does not pay for the compile.
             self.run(
                 "python",
                 str(KERAS / "tests" / "write_bytecode.py"),

@@ -598,38 +598,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=2,
         help="start every configuration this many times, alternating; all rounds count (default: 2)",
     )
-    per_model = "(default: per model, see BENCHES: %s)"
-    parser.add_argument(
-        "--rounds",
-        type=int,
-        help="timed rounds (epochs) per start " + per_model % ", ".join(f"{k} {b.rounds}" for k, b in BENCHES.items()),
-    )
-    parser.add_argument(
-        "--steps",
-        type=int,
-        help="steps per round; the warm-up is one more such epoch "
-        + per_model % ", ".join(f"{k} {b.steps}" for k, b in BENCHES.items()),
-    )
-    parser.add_argument(
-        "--batch",
-        type=int,
-        help="global batch size " + per_model % ", ".join(f"{k} {b.batch}" for k, b in BENCHES.items()),
-    )
-    parser.add_argument(
-        "--samples",
-        type=int,
-        help="synthetic samples, cached and repeated "
-        + per_model % ", ".join(f"{k} {b.samples}" for k, b in BENCHES.items()),
-    )
+    # Options whose default is each model's own, from BENCHES: (name, type, what it sets).
+    for name, kind, what in (
+        ("rounds", int, "timed rounds (epochs) per start"),
+        ("steps", int, "steps per round; the warm-up is one more such epoch"),
+        ("batch", int, "global batch size"),
+        ("samples", int, "synthetic samples, cached and repeated"),
+        ("timeout", float, "stop a configuration that finishes no epoch for this many seconds"),
+    ):
+        defaults = ", ".join(f"{k} {getattr(b, name):g}" for k, b in BENCHES.items())
+        parser.add_argument(f"--{name}", type=kind, help=f"{what} (default: per model, see BENCHES: {defaults})")
     parser.add_argument("--seed", type=int, default=1234, help="seed of data and weights (default: 1234)")
     parser.add_argument(
         "--quick", action="store_true", help="smoke run: 1 pass, 2 rounds of a fifth of each model's steps"
-    )
-    parser.add_argument(
-        "--timeout",
-        type=float,
-        help="stop a configuration that finishes no epoch for this many seconds "
-        + per_model % ", ".join(f"{k} {b.timeout:.0f}" for k, b in BENCHES.items()),
     )
     parser.add_argument(
         "--out", type=Path, default=REPO / "docs" / "training.png", help="PNG plot (default: docs/training.png)"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,29 @@ def report(data: dict[str, Any]) -> None:
     """Writes this rank's results for the test to read."""
     rank = int(os.environ.get("TNT_RANK", "0"))
     Path(os.environ["TNT_TEST_OUT"], f"rank{rank}.json").write_text(json.dumps(data))
+
+
+def shared_references(compute: dict[str, Callable[[], Any]]) -> dict[str, Any]:
+    """Every result of ``compute`` on every rank, each computed on one rank only: the i-th function
+    runs on rank ``i % size``, all ranks at once, and the results pass through files in TNT_TEST_OUT.
+    The serial references cost N times less CPU than every rank computing all of them."""
+    import tnt_comm  # here, not above: plain_keras_load.py imports this module without tnt
+
+    rank, size = tnt_comm.rank(), tnt_comm.size()
+    folder = Path(os.environ["TNT_TEST_OUT"])
+    mine = [name for i, name in enumerate(compute) if i % size == rank]
+    for name in mine:
+        with open(folder / f"reference-{name}.pickle", "wb") as f:
+            pickle.dump(compute[name](), f)
+    tnt_comm.barrier()  # every reference is written
+    results = {}
+    for name in compute:
+        with open(folder / f"reference-{name}.pickle", "rb") as f:
+            results[name] = pickle.load(f)
+    tnt_comm.barrier()  # every reference is read: the files can go
+    for name in mine:
+        (folder / f"reference-{name}.pickle").unlink()
+    return results
 
 
 def arrays(rows: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -1,11 +1,11 @@
 """Dataset options and every clear error, on real ranks."""
 
+import functools
 import io
 import logging
 import os
-import pickle
 from collections.abc import Callable
-from pathlib import Path
+from typing import Any
 
 import tensorflow as tf
 
@@ -14,9 +14,8 @@ early = tf.data.Dataset.range(8).map(lambda i: (tf.fill([6], tf.cast(i, tf.float
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-import tnt_comm  # noqa: E402
 import tnt_keras as tnt  # noqa: E402
-from _job import arrays, build, compile_args, dataset, flat, max_diff, report  # noqa: E402
+from _job import arrays, build, compile_args, dataset, flat, max_diff, report, shared_references  # noqa: E402
 
 rank, size = tnt.get_rank(), tnt.get_size()
 results: dict = {"rank": rank, "size": size, "local_rank": tnt.get_local_rank(), "master": tnt.get_master_rank()}
@@ -64,9 +63,20 @@ INPUTS = {
 }
 
 
-# Each case runs twice: with plain Keras (the reference, computed further down) and under tnt.
-def numpy_inputs(model: keras.Model) -> dict:
+def compiled(make: Callable[[], keras.Model], distributed: bool, **options: Any) -> keras.Model:
+    model = tnt.Model(make()) if distributed else make()
+    model.compile(**compile_args("adam"), **options)
+    return model
+
+
+def functional() -> keras.Model:
+    return build("functional")
+
+
+# Each case runs twice: under tnt, and with plain Keras (the reference, computed further down).
+def numpy_inputs(distributed: bool) -> dict:
     """numpy inputs with batch_size, unshuffled."""
+    model = compiled(functional, distributed)
     model.fit(x, y, batch_size=7, epochs=2, shuffle=False, verbose=0)
     return {
         "weights": model.get_weights(),
@@ -75,25 +85,24 @@ def numpy_inputs(model: keras.Model) -> dict:
     }
 
 
-def steps_per_execution(model: keras.Model) -> dict:
+def steps_per_execution(distributed: bool) -> dict:
     """steps_per_execution > 1: several steps per call of the traced function."""
-    model.compile(**compile_args("adam"), steps_per_execution=3)
+    model = compiled(lambda: build("custom_step"), distributed, steps_per_execution=3)
     model.fit(dataset(75, 7, seed=3), epochs=2, verbose=0)
     return {"weights": model.get_weights()}
 
 
-def inputs_of(name: str) -> Callable[[keras.Model], dict]:
+def inputs_of(name: str, distributed: bool) -> dict:
     """Dict inputs (a two-input Functional model) and sparse inputs, sliced per rank."""
-
-    def train(model: keras.Model) -> dict:
-        model.fit(INPUTS[name][1]().batch(7), epochs=2, verbose=0)
-        return {"weights": model.get_weights()}
-
-    return train
+    make, data = INPUTS[name]
+    model = compiled(make, distributed)
+    model.fit(data().batch(7), epochs=2, verbose=0)
+    return {"weights": model.get_weights()}
 
 
-def micro_batches(model: keras.Model, distributed: bool) -> dict:
+def micro_batches(distributed: bool) -> dict:
     """tnt_micro_batch_size on an unbatched dataset: serial Keras with global batch micro * size."""
+    model = compiled(functional, distributed)
     if distributed:
         model.fit(tf.data.Dataset.from_tensor_slices((x, y)), tnt_micro_batch_size=4, epochs=2, verbose=0)
     else:
@@ -101,43 +110,23 @@ def micro_batches(model: keras.Model, distributed: bool) -> dict:
     return {"weights": model.get_weights()}
 
 
-def validation(model: keras.Model, **options: bool) -> dict:
+def validation(distributed: bool, **options: bool) -> dict:
     """Validation data, distributed and not: the same global val_loss."""
-    h = model.fit(
+    h = compiled(functional, distributed).fit(
         dataset(60, 12, shuffle=False), validation_data=dataset(33, 11, seed=4, shuffle=False), verbose=0, **options
     )
     return {"val_loss": h.history["val_loss"][0]}
 
 
-def compiled(make: Callable[[], keras.Model], wrap: bool, opt: str = "adam") -> keras.Model:
-    model = tnt.Model(make()) if wrap else make()
-    model.compile(**compile_args(opt))
-    return model
-
-
-functional, custom_step = (lambda: build("functional")), (lambda: build("custom_step"))
-# name: (plain Keras run, tnt run)
-CASES: dict[str, tuple[Callable[[], dict], Callable[[], dict]]] = {
-    "numpy": (lambda: numpy_inputs(compiled(functional, False)), lambda: numpy_inputs(compiled(functional, True))),
-    "steps_per_execution": (
-        lambda: steps_per_execution(custom_step()),
-        lambda: steps_per_execution(tnt.Model(custom_step())),
-    ),
-    **{
-        name: (
-            lambda name=name: inputs_of(name)(compiled(INPUTS[name][0], False)),
-            lambda name=name: inputs_of(name)(compiled(INPUTS[name][0], True)),
-        )
-        for name in INPUTS
-    },
-    "micro": (
-        lambda: micro_batches(compiled(functional, False), False),
-        lambda: micro_batches(compiled(functional, True), True),
-    ),
-    "val": (lambda: validation(compiled(functional, False)), lambda: validation(compiled(functional, True))),
+CASES: dict[str, Callable[[bool], dict]] = {
+    "numpy": numpy_inputs,
+    "steps_per_execution": steps_per_execution,
+    **{name: functools.partial(inputs_of, name) for name in INPUTS},
+    "micro": micro_batches,
+    "val": validation,
 }
-mine = {name: run_tnt() for name, (_, run_tnt) in CASES.items()}
-mine["val_undistributed"] = validation(compiled(functional, True), tnt_distribute_validation_dataset=False)
+mine = {name: case(True) for name, case in CASES.items()}
+mine["val_undistributed"] = validation(True, tnt_distribute_validation_dataset=False)
 
 # Shuffled numpy inputs and validation_split: every rank agrees.
 model = fresh()
@@ -183,18 +172,7 @@ summed = tnt.Model(build("functional"))
 summed.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum"))
 results["sum_loss_warning"] = "reduction='sum'" in log.getvalue()
 
-# The plain Keras references are shared out: rank r computes cases r, r + N, ..., all ranks at once,
-# and passes them to the others through files (the same numbers for N times less CPU).
-shared = Path(os.environ["TNT_TEST_OUT"])
-for i, (name, (run_serial, _)) in enumerate(CASES.items()):
-    if i % size == rank:
-        with open(shared / f"serial-{name}.pickle", "wb") as f:
-            pickle.dump(run_serial(), f)
-tnt_comm.barrier()  # every reference is written
-serial = {}
-for name in CASES:
-    with open(shared / f"serial-{name}.pickle", "rb") as f:
-        serial[name] = pickle.load(f)
+serial = shared_references({name: functools.partial(case, False) for name, case in CASES.items()})
 for name in ("numpy", "steps_per_execution", "dict", "sparse", "micro"):
     key = {"numpy": "numpy_err", "dict": "dict_inputs_err", "sparse": "sparse_inputs_err"}.get(name, f"{name}_err")
     results[key] = max_diff(serial[name]["weights"], mine[name]["weights"])

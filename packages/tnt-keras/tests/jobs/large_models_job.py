@@ -7,8 +7,6 @@ the largest differences from its reference.
 """
 
 import hashlib
-import os
-import pickle
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,48 +14,25 @@ from typing import Any
 import keras
 import numpy as np
 import tensorflow as tf
-import tnt_comm
 import tnt_keras as tnt
-from _job import max_diff, report
+from _job import max_diff, report, shared_references
+
+# The benchmark's own models (benchmarks/_training_worker.py), so that this test trains what it measures.
+sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "benchmarks"))
+from _training_worker import CLASSES, VOCAB  # noqa: E402
+from _training_worker import MODELS as BENCHMARK_MODELS  # noqa: E402
 
 STEPS = 3
 BATCH = 8  # global: 4 rows per rank on 2 ranks
-CLASSES = 10
-# The benchmark's Transformer encoder (benchmarks/_training_worker.py), 23.0M parameters.
-VOCAB, SEQUENCE, WIDTH, HEADS, FEED_FORWARD, BLOCKS = 8000, 32, 512, 8, 2048, 6
-
-
-def resnet50() -> keras.Model:
-    return keras.applications.ResNet50(weights=None, input_shape=(32, 32, 3), classes=CLASSES)
-
-
-class AddPositions(keras.layers.Layer):
-    def build(self, input_shape: Any) -> None:
-        self.positions = self.add_weight(shape=tuple(input_shape[1:]), initializer="random_normal", name="positions")
-
-    def call(self, x: Any) -> Any:
-        return x + self.positions
-
-
-def transformer() -> keras.Model:
-    layers = keras.layers
-    tokens = keras.Input((SEQUENCE,), dtype="int32")
-    h = AddPositions()(layers.Embedding(VOCAB, WIDTH)(tokens))
-    for _ in range(BLOCKS):
-        h = layers.LayerNormalization(epsilon=1e-6)(h + layers.MultiHeadAttention(HEADS, WIDTH // HEADS)(h, h))
-        hidden = layers.Dense(FEED_FORWARD, activation="relu")(h)
-        h = layers.LayerNormalization(epsilon=1e-6)(h + layers.Dense(WIDTH)(hidden))
-    outputs = layers.Dense(CLASSES, activation="softmax")(layers.GlobalAveragePooling1D()(h))
-    return keras.Model(tokens, outputs)
 
 
 def data(kind: str) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(3)
-    rows = STEPS * BATCH
-    if kind == "resnet50":
-        x = rng.random((rows, 32, 32, 3), dtype=np.float32)
+    rows, spec = STEPS * BATCH, BENCHMARK_MODELS[kind]
+    if spec.input_dtype == "int32":
+        x = rng.integers(0, VOCAB, size=(rows, *spec.input_shape), dtype=np.int32)
     else:
-        x = rng.integers(0, VOCAB, size=(rows, SEQUENCE), dtype=np.int32)
+        x = rng.random((rows, *spec.input_shape), dtype=np.float32)
     return x, rng.integers(0, CLASSES, size=rows, dtype=np.int64)
 
 
@@ -134,7 +109,7 @@ def digest(variables: list[Any]) -> str:
     return h.hexdigest()
 
 
-BUILDERS = {"resnet50": resnet50, "transformer": transformer}
+BUILDERS = {kind: (lambda kind=kind: BENCHMARK_MODELS[kind].build(keras)) for kind in ("resnet50", "transformer")}
 
 
 def reference(kind: str, inner: keras.Model, size: int) -> dict[str, Any]:
@@ -177,27 +152,15 @@ def compare(kind: str, inner: keras.Model, initial: list[np.ndarray], ref: dict[
     }
 
 
-# The references are shared out: model i's is computed by rank i % N (both at once on 2 ranks), for
-# every rank, and passed to the others through files. Then every rank trains each model under tnt.
+# Every rank builds both models from the same seed; each model's reference (for every rank) is then
+# computed by one rank, both at once on 2 ranks, and every rank trains each model under tnt.
 rank, size = tnt.get_rank(), tnt.get_size()
-shared = Path(os.environ["TNT_TEST_OUT"])
 kinds = sys.argv[1:] or ["resnet50", "transformer"]
 inners, initials = {}, {}
-for i, kind in enumerate(kinds):
+for kind in kinds:
     keras.utils.set_random_seed(11)
     inners[kind] = BUILDERS[kind]()
     initials[kind] = [v.numpy() for v in inners[kind].trainable_variables]
-    if i % size == rank:
-        with open(shared / f"reference-{kind}.pickle", "wb") as f:
-            pickle.dump(reference(kind, inners[kind], size), f)
-tnt_comm.barrier()  # every reference is written
-refs = {}
-for kind in kinds:
-    with open(shared / f"reference-{kind}.pickle", "rb") as f:
-        refs[kind] = pickle.load(f)
-tnt_comm.barrier()  # every reference is read: the files (90 MB each) can go
-for i, kind in enumerate(kinds):
-    if i % size == rank:
-        (shared / f"reference-{kind}.pickle").unlink()
+refs = shared_references({kind: (lambda kind=kind: reference(kind, inners[kind], size)) for kind in kinds})
 results = {kind: compare(kind, inners[kind], initials[kind], refs[kind], rank) for kind in kinds}
 report({"rank": rank, "size": size, **results})

@@ -1,16 +1,11 @@
 """Trains every kind of model against plain Keras on the same globally batched data."""
 
-import os
-import pickle
-from collections.abc import Callable
-from pathlib import Path
-
 import keras
 import numpy as np
 import tensorflow as tf
 import tnt_comm
 import tnt_keras as tnt
-from _job import CLASSES, FEATURES, arrays, build, compile_args, dataset, flat, report
+from _job import CLASSES, FEATURES, arrays, build, compile_args, dataset, flat, report, shared_references
 
 
 def worst(a: dict | list, b: dict | list) -> float:
@@ -42,26 +37,13 @@ SCENARIOS = [
 ]
 
 
-def serial_run(kind: str, opt: str, rows: int, batch: int) -> dict:
-    """Plain Keras on the same data: the reference."""
-    serial = build(kind)
-    serial.compile(**compile_args(opt))
-    # A seeded reshuffling dataset advances its order with every pass, so each run gets its own.
-    history = serial.fit(dataset(rows, batch, seed=rows), epochs=3, verbose=0).history
-    plain = dataset(rows, batch, seed=rows, shuffle=False)
-    return {
-        "weights": serial.get_weights(),
-        "history": history,
-        "eval": serial.evaluate(plain, verbose=0, return_dict=True),
-        "predict": serial.predict(plain, verbose=0),
-    }
-
-
-def tnt_run(kind: str, opt: str, rows: int, batch: int) -> dict:
-    model = tnt.Model(build(kind))
+def train(kind: str, opt: str, rows: int, batch: int, distributed: bool) -> dict:
+    """Plain Keras (the reference) or tnt on the same data."""
+    model = tnt.Model(build(kind)) if distributed else build(kind)
     model.compile(**compile_args(opt))
+    # A seeded reshuffling dataset advances its order with every pass, so each run gets its own.
     history = model.fit(dataset(rows, batch, seed=rows), epochs=3, verbose=0).history
-    assert isinstance(model, tnt.Model)
+    assert isinstance(model, tnt.Model) == distributed
     plain = dataset(rows, batch, seed=rows, shuffle=False)
     return {
         "weights": model.get_weights(),
@@ -129,21 +111,9 @@ class Moving(keras.callbacks.Callback):
         self.seen.append(moving(self.watched))
 
 
-def batchnorm_serial() -> dict:
-    serial = batchnorm_model()
-    history = serial.fit(batchnorm_data(), epochs=3, verbose=0).history
-    return {
-        "history": history,
-        "trainable": [v.numpy() for v in serial.trainable_variables],
-        "moving": moving(serial),
-        "eval": serial.evaluate(batchnorm_data(), verbose=0, return_dict=True),
-        "predict": serial.predict(batchnorm_data(), verbose=0),
-    }
-
-
-def batchnorm_tnt() -> dict:
+def batchnorm_train(distributed: bool) -> dict:
     inner = batchnorm_model()
-    model = tnt.Model(inner)
+    model = tnt.Model(inner) if distributed else inner
     recorder = Moving(inner)
     history = model.fit(batchnorm_data(), epochs=3, verbose=0, callbacks=[recorder]).history
     return {
@@ -151,50 +121,32 @@ def batchnorm_tnt() -> dict:
         "trainable": [v.numpy() for v in inner.trainable_variables],
         "moving": moving(inner),
         "seen": recorder.seen,
-        "eval": model.evaluate(batchnorm_data(), verbose=0, return_dict=True),  # with rank 0's moving statistics
+        "eval": model.evaluate(batchnorm_data(), verbose=0, return_dict=True),  # tnt: rank 0's moving statistics
         "predict": model.predict(batchnorm_data(), verbose=0),
     }
 
 
-# Every rank trains every model under tnt first. The serial references are then shared out: rank r
-# computes those of scenarios r, r + N, ... (and the last rank the BatchNormalization model's), all
-# ranks at once, and passes them to the others through files: the same numbers for N times less CPU
-# than every rank computing all of them.
-distributed = {name_of(*s): tnt_run(*s) for s in SCENARIOS}
-bn_mine = batchnorm_tnt()
-rank, size = tnt.get_rank(), tnt.get_size()
-shared = Path(os.environ["TNT_TEST_OUT"])
-
-
-def write_reference(name: str, compute: Callable[[], dict]) -> None:
-    with open(shared / f"serial-{name}.pickle", "wb") as f:
-        pickle.dump(compute(), f)
-
-
-def reference(name: str) -> dict:
-    with open(shared / f"serial-{name}.pickle", "rb") as f:
-        return pickle.load(f)
-
-
-for i, scenario in enumerate(SCENARIOS):
-    if i % size == rank:
-        write_reference(name_of(*scenario), lambda s=scenario: serial_run(*s))
-if rank == size - 1:
-    write_reference("batchnorm", batchnorm_serial)
-tnt_comm.barrier()  # every reference is written
+# Every rank trains every model under tnt first; then the serial references are shared out.
+distributed = {name_of(*s): train(*s, distributed=True) for s in SCENARIOS}
+bn_mine = batchnorm_train(distributed=True)
+serial = shared_references(
+    {
+        **{name_of(*s): (lambda s=s: train(*s, distributed=False)) for s in SCENARIOS},
+        "batchnorm": lambda: batchnorm_train(distributed=False),
+    }
+)
 
 results = {}
 for scenario in SCENARIOS:
     name = name_of(*scenario)
-    serial = reference(name)
-    mine = distributed[name]
+    ref, mine = serial[name], distributed[name]
     results[name] = {
-        "weights_err": worst(serial["weights"], mine["weights"]),
-        "history_err": worst(serial["history"], mine["history"]),
+        "weights_err": worst(ref["weights"], mine["weights"]),
+        "history_err": worst(ref["history"], mine["history"]),
         "epochs": len(mine["history"]["loss"]),
         "weights": flat(mine["weights"]),
-        "eval_err": worst(serial["eval"], mine["eval"]),
-        "predict_err": float(np.max(np.abs(serial["predict"] - mine["predict"]))),
+        "eval_err": worst(ref["eval"], mine["eval"]),
+        "predict_err": float(np.max(np.abs(ref["predict"] - mine["predict"]))),
         "predict_rows": int(mine["predict"].shape[0]),
     }
 
@@ -202,7 +154,7 @@ steps = FULL_BATCHES + 1
 seen = bn_mine["seen"]
 last = [seen[e * steps + steps - 1] for e in range(3)]
 before_last = [seen[e * steps + steps - 2] for e in range(3)]
-bn_serial = reference("batchnorm")
+bn_serial = serial["batchnorm"]
 batchnorm = {
     "history_err": worst(bn_serial["history"], bn_mine["history"]),
     "trainable_err": worst(bn_serial["trainable"], bn_mine["trainable"]),
