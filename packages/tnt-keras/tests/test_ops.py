@@ -140,6 +140,38 @@ def suite():
     assert dynamic(tf.ones((5, 2))).shape == (5, 2) and dynamic(tf.zeros((0, 2))).shape == (0, 2)
     assert np.all(dynamic(tf.ones((5, 2))).numpy() == n)
 
+    # Fused sums: a list of tensors in one collective, each times this rank's weight (powers of two:
+    # exact in every dtype). The last rank's weight is 0, so its NaN tensor must contribute zeros.
+    weights = [2.0 ** -(k + 1) for k in range(n - 1)] + [0.0]
+    shapes = [SHAPE, (), (0, 3), (37,), (5, 1, 3)]
+
+    @tf.function
+    def fused(xs, w):
+        sums = o.finish_fused(o.start_fused_sum(xs, w))
+        return [x * 1 for x in sums]  # the views feed ordinary kernels
+
+    for dt in ("float16", "bfloat16", "float32", "float64"):
+        xs = [tensor(dt, shape=sh) for sh in shapes]
+        if r == n - 1:
+            xs[0] = tf.fill(SHAPE, tf.constant(float("nan"), dt))
+            xs[3] = tf.fill((37,), tf.constant(float("inf"), dt))
+        eager = o.finish_fused(o.start_fused_sum(xs, weights[r]))
+        for how, got in (("eager", eager), ("function", fused(xs, weights[r]))):
+            for x, sh in zip(got, shapes):
+                want = sum(w * value(k, sh).astype(np.float64) for k, w in enumerate(weights))
+                assert x.shape == sh and x.dtype == tf.as_dtype(dt), (tag, how, dt, x.shape, x.dtype)
+                assert np.array_equal(tf.cast(x, tf.float64).numpy(), want), (tag, how, dt, sh, x.numpy(), want)
+    for dt in ("int32", "int64", "uint8"):  # unscaled: a plain fused sum
+        got = o.finish_fused(o.start_fused_sum([tensor(dt), tensor(dt, shape=(7,))]))
+        check(got[0], "sum", dt, f"{tag} fused")
+        check(got[1], "sum", dt, f"{tag} fused", shape=(7,))
+    expect(TypeError, lambda: o.start_fused_sum([tf.ones(2), tf.ones(2, tf.float64)]), "one dtype")
+    expect(TypeError, lambda: o.start_fused_sum([tf.ones(2, tf.int32)], 0.5), "floating-point")
+    expect(ValueError, lambda: o.start_fused_sum([]), "at least one")
+    pf = o.start_fused_sum([tf.ones(2)])
+    o.finish_fused(pf)
+    expect(RuntimeError, lambda: o.finish_fused(pf), "already finished")
+
     # Bad input: clear errors, raised before anything reaches another rank.
     for bad in (tf.int8, tf.bool, tf.complex64, tf.uint16):
         expect(TypeError, lambda: o.allreduce(tf.zeros(2, bad)), bad.name, "float32", "uint8")

@@ -6,8 +6,8 @@ a forward pass over no samples computes NaN in places: BatchNormalization takes 
 nothing and writes them into its moving statistics, a loss that is a plain mean over nothing is
 NaN, and so are some gradients. So on such a rank, and for that step only:
 
-- its gradients enter the sum multiplied by its share of the batch, 0, with ``multiply_no_nan``
-  (``reduce.py``): zero even where a gradient is NaN;
+- its gradients enter the sum multiplied by its share of the batch, 0, by the rule of
+  ``tf.math.multiply_no_nan`` (``reduce.py``, ``ops.start_fused_sum``): zero even where a gradient is NaN;
 - its metric states enter the global sums (``metrics.py``) with their values from before the step;
 - after the step, the model's non-trainable variables (BatchNormalization's moving statistics,
   random seed states, ...) and its metric variables take their values from before the step back.

@@ -65,45 +65,33 @@ def plan_buckets(grads: Sequence[Any], threshold: int) -> list[list[int]]:
     return buckets
 
 
-def sum_buckets(tensors: Sequence[Any], buckets: Sequence[Sequence[int]]) -> list[Any]:
-    """Sums ``tensors`` across ranks, one fused allreduce per bucket of indices (all of one dtype).
+def sum_buckets(tensors: Sequence[Any], buckets: Sequence[Sequence[int]], scale: Any = None) -> list[Any]:
+    """Sums ``tensors`` (each times ``scale``, if given) across ranks, one fused collective per
+    bucket of indices (all of one dtype); other entries come back unchanged.
 
     Every bucket starts before any is waited for, so each starts as soon as its tensors exist.
     """
-    pending = [(b, ops.start_allreduce(tf.concat([tf.reshape(tensors[i], [-1]) for i in b], axis=0))) for b in buckets]
+    pending = [(b, ops.start_fused_sum([tensors[i] for i in b], scale)) for b in buckets]
     out = list(tensors)
     for bucket, started in pending:
-        parts = tf.split(ops.finish(started), [tf.size(tensors[i]) for i in bucket])
-        for i, part in zip(bucket, parts, strict=True):
-            out[i] = tf.reshape(part, tf.shape(tensors[i]))
+        for i, summed in zip(bucket, ops.finish_fused(started), strict=True):
+            out[i] = summed
     return out
 
 
 def sum_gradients(grads: Sequence[Any], fraction: Any, threshold: int) -> list[Any]:
-    """``sum over ranks of fraction * grad`` for every gradient: dense ones in fused buckets, sparse
-    ones (``tf.IndexedSlices``, from embedding lookups) by gathering every rank's rows."""
-    scaled: list[Any] = [None] * len(grads)
-    for i, g in enumerate(grads):
-        if isinstance(g, tf.IndexedSlices):
-            scaled[i] = _gather_rows(g, fraction)
-        elif g is not None:
-            scaled[i] = _share(tf.convert_to_tensor(g), fraction)
-    dense = [None if isinstance(g, tf.IndexedSlices) else g for g in scaled]
-    summed = sum_buckets(dense, plan_buckets(dense, threshold))
-    return [s if isinstance(s, tf.IndexedSlices) else d for s, d in zip(scaled, summed, strict=True)]
+    """``sum over ranks of fraction * grad`` for every gradient: dense ones in fused buckets (the
+    scaling happens in the copy into the collective's buffer), sparse ones (``tf.IndexedSlices``,
+    from embedding lookups) by gathering every rank's rows.
 
-
-def _share(grad: tf.Tensor, fraction: Any) -> tf.Tensor:
-    """``fraction * grad``, and zero where ``fraction`` is 0 even if ``grad`` is NaN or infinite.
-
-    Why: a rank with an empty slice has the share 0 and may have NaN gradients (BatchNormalization
-    over no samples, see ``empty_slices.py``); 0 * NaN would spread NaN to every rank.
+    A rank with an empty slice has ``fraction`` 0 and may have NaN gradients (BatchNormalization
+    over no samples, see ``empty_slices.py``): its contribution is 0, never 0 * NaN.
     """
-    fraction = tf.cast(fraction, grad.dtype)
-    if grad.dtype in (tf.float16, tf.float32, tf.float64):
-        return tf.math.multiply_no_nan(grad, fraction)
-    # multiply_no_nan has no bfloat16 GPU kernel in some TensorFlow builds.
-    return tf.where(fraction > 0, grad * fraction, tf.zeros_like(grad))
+    dense = [None if isinstance(g, tf.IndexedSlices) or g is None else tf.convert_to_tensor(g) for g in grads]
+    summed = sum_buckets(dense, plan_buckets(dense, threshold), fraction)
+    return [
+        _gather_rows(g, fraction) if isinstance(g, tf.IndexedSlices) else d for g, d in zip(grads, summed, strict=True)
+    ]
 
 
 def _gather_rows(grad: tf.IndexedSlices, fraction: Any) -> tf.IndexedSlices:
@@ -116,7 +104,7 @@ def _gather_rows(grad: tf.IndexedSlices, fraction: Any) -> tf.IndexedSlices:
     went through ``tf.unique`` (``embedding_lookup_sparse``, which Keras uses for sparse inputs)
     lists each row once: the concatenation is merged the same way.
     """
-    values = ops.allgatherv(_share(grad.values, fraction))
+    values = ops.allgatherv(ops.scaled(grad.values, fraction))
     indices = ops.allgatherv(grad.indices)
     if _from_unique(grad.indices):
         indices, position = tf.unique(indices)

@@ -23,6 +23,7 @@ try:
         model.compile(**compile_args("sgd"))
         model.fit(dataset(60, 12), epochs=1, verbose=0)
     elif case == "leave":
+
         def leave(batch: int, logs: object) -> None:
             if tnt.get_rank() == 1 and batch == 1:
                 report({"rank": 1, "error": None})
@@ -30,8 +31,12 @@ try:
 
         model = tnt.Model(build("functional"))
         model.compile(**compile_args("sgd"))
-        model.fit(dataset(120, 12), epochs=2, verbose=0,
-                  callbacks=[tnt.callbacks.Callback(keras.callbacks.LambdaCallback(on_train_batch_end=leave))])
+        model.fit(
+            dataset(120, 12),
+            epochs=2,
+            verbose=0,
+            callbacks=[tnt.callbacks.Callback(keras.callbacks.LambdaCallback(on_train_batch_end=leave))],
+        )
     else:  # steps: undistributed datasets of different lengths
         model = tnt.Model(build("functional"))
         model.compile(**compile_args("sgd"))

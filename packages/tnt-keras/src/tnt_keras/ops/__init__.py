@@ -11,6 +11,10 @@ whenever all ranks run the same program. Finishes may come in any order.
     g2 = finish(p2)               # waits only for what it needs
     g1 = finish(p1)
 
+``start_fused_sum(tensors, scale)`` sums a list of tensors (each times ``scale``) in one collective,
+and ``finish_fused`` gives the sums back in the tensors' shapes: gradient fusion without copies
+beyond the one into the collective's buffer.
+
 The op (``tnt_ops.cc``) is compiled against the installed TensorFlow on first import, into a cache
 shared by all processes of a host (``python -m tnt_keras.ops`` prebuilds it); the compiling process
 logs one warning before it starts and an INFO line with the time it took. Without a compiler, or
@@ -35,12 +39,15 @@ from . import _build
 __all__ = [
     "REDUCTIONS",
     "SUPPORTED_DTYPES",
+    "FusedPending",
     "Pending",
     "allgatherv",
     "allreduce",
     "backend",
     "finish",
+    "finish_fused",
     "start_allreduce",
+    "start_fused_sum",
 ]
 
 log = logging.getLogger("tnt_keras")
@@ -76,6 +83,22 @@ class Pending:
     def __repr__(self) -> str:
         state = "finished" if self._finished else "pending"
         return f"<Pending allreduce {state} shape={self.shape} dtype={self.dtype.name}>"
+
+
+class FusedPending:
+    """A fused sum in flight, returned by ``start_fused_sum``; ``finish_fused`` it exactly once."""
+
+    __slots__ = ("_handle", "_result", "_shapes", "_finished")
+
+    def __init__(self, handle: tf.Tensor | None, result: tf.Tensor | list[tf.Tensor], shapes: list[tf.TensorShape]):
+        self._handle = handle  # None: the numpy_function fallback, whose ``_result`` is the list of sums
+        self._result: tf.Tensor | list[tf.Tensor] | None = result
+        self._shapes = shapes
+        self._finished = False
+
+    def __repr__(self) -> str:
+        state = "finished" if self._finished else "pending"
+        return f"<FusedPending sum of {len(self._shapes)} tensors {state}>"
 
 
 _loaded: ModuleType | None = None  # the op library, once loaded (loading is once per process)
@@ -182,6 +205,69 @@ def finish(p: Pending) -> tf.Tensor:
     if _loaded is None:  # only a Pending of the op backend has a handle, so the library is loaded
         raise RuntimeError("the allreduce op library is not loaded")
     return _loaded.tnt_allreduce_wait(handle, result, source)
+
+
+_FLOATS = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+
+
+def scaled(x: tf.Tensor, scale: tf.Tensor) -> tf.Tensor:
+    """``scale * x``, and 0 wherever ``scale`` is 0 even if ``x`` is NaN or infinite (the rule of
+    ``start_fused_sum``; ``scale`` is rounded to x's dtype first)."""
+    scale = tf.cast(scale, x.dtype)
+    if x.dtype in (tf.float16, tf.float32, tf.float64):
+        return tf.math.multiply_no_nan(x, scale)
+    # multiply_no_nan has no bfloat16 GPU kernel in some TensorFlow builds.
+    return tf.where(tf.not_equal(scale, 0), x * scale, tf.zeros_like(x))
+
+
+def start_fused_sum(tensors: list[tf.Tensor], scale: tf.Tensor | float | None = None) -> FusedPending:
+    """Submits one allreduce (sum over ranks) of all ``tensors``, each first multiplied by
+    ``scale`` (this rank's weight; 0 contributes zeros even for NaN values), and returns at once.
+
+    The tensors must share one dtype; a scale needs a floating-point dtype. With the compiled op
+    the tensors are copied (and scaled) straight into the collective's buffer, and
+    ``finish_fused`` returns views into it: one pass over the data besides the collective itself.
+    """
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    if not tensors:
+        raise ValueError("start_fused_sum needs at least one tensor")
+    dtype = tensors[0].dtype
+    for t in tensors:
+        _check_dtype(t, "start_fused_sum")
+        if t.dtype != dtype:
+            raise TypeError(f"start_fused_sum sums tensors of one dtype, got {dtype.name} and {t.dtype.name}")
+    if scale is not None and dtype not in _FLOATS:
+        raise TypeError(f"start_fused_sum: a scale needs floating-point tensors, not {dtype.name}")
+    _start_runtime()
+    shapes = [t.shape for t in tensors]
+    if _lib is not None:
+        weight = tf.constant(1.0) if scale is None else tf.reshape(tf.cast(scale, tf.float32), [])
+        result, handle = _lib.tnt_fused_sum_start(tensors, weight, scaled=scale is not None)
+        return FusedPending(handle, result, shapes)
+    parts = [tf.reshape(t if scale is None else scaled(t, scale), [-1]) for t in tensors]
+    flat = tf.concat(parts, axis=0)
+    summed = tf.numpy_function(
+        functools.partial(_numpy_allreduce, op="sum"), [flat], Tout=dtype, stateful=True, name="TntFusedSumNumpy"
+    )
+    pieces = tf.split(summed, [tf.size(t) for t in tensors])
+    return FusedPending(None, [tf.reshape(p, tf.shape(t)) for p, t in zip(pieces, tensors, strict=True)], shapes)
+
+
+def finish_fused(p: FusedPending) -> list[tf.Tensor]:
+    """The sums of a ``start_fused_sum``, in the order and shapes of its tensors."""
+    if not isinstance(p, FusedPending):
+        raise TypeError(f"finish_fused() takes the FusedPending returned by start_fused_sum, not {type(p).__name__}")
+    if p._finished:
+        raise RuntimeError("this fused sum was already finished; call finish_fused() once per start_fused_sum()")
+    p._finished = True
+    handle, result, shapes = p._handle, p._result, p._shapes
+    p._handle = p._result = None
+    if handle is None:
+        assert isinstance(result, list)
+        return result
+    if _loaded is None:
+        raise RuntimeError("the allreduce op library is not loaded")
+    return list(_loaded.tnt_fused_sum_wait(handle, result, N=len(shapes), shapes=shapes))
 
 
 def allgatherv(x: tf.Tensor) -> tf.Tensor:

@@ -10,12 +10,20 @@
 // ComputeAsync only registers TensorFlow's `done`; the engine's completion callback (on tnt_comm's
 // progress thread) forwards the result and calls it. No inter-op thread is ever blocked.
 //
+// TntFusedSumStart / TntFusedSumWait do the same for a list of tensors in one collective: the start
+// copies every input, optionally times a scale, into one flat buffer at 64-byte aligned offsets and
+// sums it in place; the wait's outputs are views into that buffer. Gradient fusion so costs one
+// pass over the gradients instead of three (scale, concatenate, split into copies).
+//
 // Built by tnt_keras/ops/_build.py against the installed TensorFlow; see there for the flags.
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -58,6 +66,9 @@ struct Pending {
   std::string error;
   Tensor input;   // kept alive while the engine reads from it
   Tensor output;  // kept alive while the engine writes into it, even if the wait is pruned
+  // Fused sums only: where each input lies in the flat output, and its shape.
+  std::vector<std::int64_t> offsets;
+  std::vector<TensorShape> shapes;
   OpKernelContext* waiter = nullptr;
   AsyncOpKernel::DoneCallback waiter_done;
 
@@ -69,12 +80,27 @@ struct Pending {
   }
 };
 
-// Sets the wait's result: the start's output forwarded without a copy, or the engine's error.
+// Sets the wait's results: the start's output forwarded without a copy (for a fused sum, one view
+// into it per input), or the engine's error.
 void Complete(OpKernelContext* ctx, const Pending& p) {
   if (p.failed) {
     ctx->CtxFailure(absl::InternalError(absl::StrCat("tnt_comm allreduce failed: ", p.error)));
-  } else {
+    return;
+  }
+  if (p.shapes.empty()) {
     ctx->set_output(0, ctx->input(1));
+    return;
+  }
+  const Tensor& flat = ctx->input(1);
+  for (std::size_t i = 0; i < p.shapes.size(); ++i) {
+    const std::int64_t begin = p.offsets[i];
+    Tensor view;
+    // Slice shares the buffer (and views never own it, so TensorFlow never reuses it in place).
+    if (!view.CopyFrom(flat.Slice(begin, begin + p.shapes[i].num_elements()), p.shapes[i])) {
+      ctx->CtxFailure(absl::InternalError("TntFusedSumWait: a view does not fit its shape"));
+      return;
+    }
+    ctx->set_output(static_cast<int>(i), view);
   }
 }
 
@@ -173,6 +199,115 @@ class AllreduceStartOp : public OpKernel {
   std::int32_t op_ = -1;
 };
 
+// Aligned views of the flat buffer are what TensorFlow's kernels require (Tensor::IsAligned).
+constexpr std::int64_t kAlignBytes = 64;
+
+// dst[i] = src[i] * scale, and 0 wherever scale is 0 even for NaN or infinite src (like
+// tf.math.multiply_no_nan: a rank without samples has the share 0 and may hold NaN gradients).
+// The scale is rounded to T first, as tf.cast would, so products equal TensorFlow's bit for bit.
+template <typename T>
+void CopyScaled(const T* src, T* dst, std::int64_t n, const float* scale) {
+  if (scale == nullptr) {
+    if (n > 0) std::memcpy(dst, src, static_cast<std::size_t>(n) * sizeof(T));
+    return;
+  }
+  const T s = static_cast<T>(*scale);
+  if (static_cast<float>(s) == 0.0f) {
+    std::fill(dst, dst + n, static_cast<T>(0.0f));
+    return;
+  }
+  for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(src[i] * s);
+}
+
+void CopyScaled(const Tensor& src, Tensor* dst, std::int64_t offset, const float* scale) {
+  const std::int64_t n = src.NumElements();
+  switch (src.dtype()) {
+#define TNT_COPY_CASE(DT, T)                                                              \
+  case tensorflow::DT:                                                                    \
+    CopyScaled<T>(static_cast<const T*>(src.data()), dst->flat<T>().data() + offset, n, \
+                  scale);                                                                 \
+    break;
+    TNT_COPY_CASE(DT_HALF, Eigen::half)
+    TNT_COPY_CASE(DT_BFLOAT16, tensorflow::bfloat16)
+    TNT_COPY_CASE(DT_FLOAT, float)
+    TNT_COPY_CASE(DT_DOUBLE, double)
+#undef TNT_COPY_CASE
+    default:  // integers: no scale (checked at construction)
+      if (n > 0) {
+        std::memcpy(static_cast<char*>(dst->data()) + offset * tensorflow::DataTypeSize(src.dtype()),
+                    src.data(), static_cast<std::size_t>(n) * tensorflow::DataTypeSize(src.dtype()));
+      }
+  }
+}
+
+class FusedSumStartOp : public OpKernel {
+ public:
+  explicit FusedSumStartOp(OpKernelConstruction* c) : OpKernel(c) {
+    DataType t;
+    OP_REQUIRES_OK(c, c->GetAttr("T", &t));
+    OP_REQUIRES_OK(c, c->GetAttr("scaled", &scaled_));
+    dtype_ = DTypeCode(t);
+    OP_REQUIRES(c, dtype_ >= 0, absl::InvalidArgumentError("TntFusedSumStart: unsupported dtype"));
+    const bool floating = t == tensorflow::DT_HALF || t == tensorflow::DT_BFLOAT16 ||
+                          t == tensorflow::DT_FLOAT || t == tensorflow::DT_DOUBLE;
+    OP_REQUIRES(c, floating || !scaled_,
+                absl::InvalidArgumentError("TntFusedSumStart: only floating-point sums take a scale"));
+    element_ = tensorflow::DataTypeSize(t);
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const tnt_comm_api_v1* api = g_api.load(std::memory_order_acquire);
+    OP_REQUIRES(ctx, api != nullptr,
+                absl::FailedPreconditionError("tnt_comm's C API was not handed to the op library; "
+                                              "load it through tnt_keras.ops"));
+    tensorflow::OpInputList inputs;
+    OP_REQUIRES_OK(ctx, ctx->input_list("inputs", &inputs));
+    const Tensor& scale_tensor = ctx->input(inputs.size());
+    OP_REQUIRES(ctx, TensorShapeUtils::IsScalar(scale_tensor.shape()),
+                absl::InvalidArgumentError("TntFusedSumStart: the scale must be a scalar"));
+    const float scale = scale_tensor.scalar<float>()();
+
+    const std::int64_t align = std::max<std::int64_t>(1, kAlignBytes / element_);
+    std::vector<std::int64_t> offsets;
+    std::vector<TensorShape> shapes;
+    std::int64_t total = 0;
+    for (int i = 0; i < inputs.size(); ++i) {
+      offsets.push_back(total);
+      shapes.push_back(inputs[i].shape());
+      total += (inputs[i].NumElements() + align - 1) / align * align;
+    }
+    Tensor* output = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({total}), &output));
+    Tensor* handle = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({}), &handle));
+
+    // Padding is summed too, so it must be the same on every rank: zeros.
+    std::memset(output->data(), 0, static_cast<std::size_t>(total * element_));
+    for (int i = 0; i < inputs.size(); ++i) {
+      CopyScaled(inputs[i], output, offsets[i], scaled_ ? &scale : nullptr);
+    }
+
+    auto* p = new Pending;
+    p->output = *output;
+    p->offsets = std::move(offsets);
+    p->shapes = std::move(shapes);
+    handle->scalar<std::int64_t>()() = reinterpret_cast<std::intptr_t>(p);
+    const int rc = api->allreduce_async(output->data(), output->data(),
+                                        static_cast<std::uint64_t>(total), dtype_, 0, &OnDone, p);
+    if (rc != 0) {  // not started: the callback will not run, nobody else knows p
+      const std::string message = api->last_error();
+      delete p;
+      ctx->CtxFailure(
+          absl::InternalError(absl::StrCat("tnt_comm allreduce could not start: ", message)));
+    }
+  }
+
+ private:
+  std::int32_t dtype_ = -1;
+  bool scaled_ = false;
+  std::int64_t element_ = 1;
+};
+
 class AllreduceWaitOp : public AsyncOpKernel {
  public:
   explicit AllreduceWaitOp(OpKernelConstruction* c) : AsyncOpKernel(c) {}
@@ -259,5 +394,52 @@ Completes when the allreduce started as `handle` does and forwards `result` (the
 `input` is the start's input, taken so that it stays alive until then.
 )doc");
 
+REGISTER_OP("TntFusedSumStart")
+    .Input("inputs: N * T")
+    .Input("scale: float")
+    .Output("output: T")
+    .Output("handle: int64")
+    .Attr("T: {half, bfloat16, float, double, int32, int64, uint8}")
+    .Attr("N: int >= 1")
+    .Attr("scaled: bool = false")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(c->UnknownDim()));
+      c->set_output(1, c->Scalar());
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Starts one allreduce (sum) of all `inputs`, each times `scale` if `scaled` (0 where `scale` is 0,
+even for NaN inputs), copied into `output` at 64-byte aligned offsets. Stateful, like
+TntAllreduceStart. The sums are read through TntFusedSumWait.
+)doc");
+
+REGISTER_OP("TntFusedSumWait")
+    .Input("handle: int64")
+    .Input("result: T")
+    .Output("outputs: N * T")
+    .Attr("T: {half, bfloat16, float, double, int32, int64, uint8}")
+    .Attr("N: int >= 1")
+    .Attr("shapes: list(shape)")
+    .SetShapeFn([](InferenceContext* c) {
+      std::vector<tensorflow::PartialTensorShape> shapes;
+      TF_RETURN_IF_ERROR(c->GetAttr("shapes", &shapes));
+      if (static_cast<int>(shapes.size()) != c->num_outputs()) {
+        return absl::InvalidArgumentError("TntFusedSumWait: one shape per output");
+      }
+      for (int i = 0; i < c->num_outputs(); ++i) {
+        tensorflow::shape_inference::ShapeHandle shape;
+        TF_RETURN_IF_ERROR(c->MakeShapeFromPartialTensorShape(shapes[i], &shape));
+        c->set_output(i, shape);
+      }
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Completes when the fused sum started as `handle` does; `outputs` are views of `result` (the
+start's output) in the inputs' shapes.
+)doc");
+
 REGISTER_KERNEL_BUILDER(Name("TntAllreduceStart").Device(tensorflow::DEVICE_CPU), AllreduceStartOp);
 REGISTER_KERNEL_BUILDER(Name("TntAllreduceWait").Device(tensorflow::DEVICE_CPU), AllreduceWaitOp);
+REGISTER_KERNEL_BUILDER(Name("TntFusedSumStart").Device(tensorflow::DEVICE_CPU), FusedSumStartOp);
+REGISTER_KERNEL_BUILDER(Name("TntFusedSumWait").Device(tensorflow::DEVICE_CPU), AllreduceWaitOp);
