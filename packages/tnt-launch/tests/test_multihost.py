@@ -90,7 +90,7 @@ def test_a_stopped_remote_rank_is_named_first(launcher: Launcher, sshd: SshServe
     lines = done.stderr.splitlines()
     first = next(line for line in lines if " failed: " in line)
     assert re.fullmatch(
-        r"tnt-launch: job \w+ failed: rank 3 made no progress \(process stopped, e\.g\. by "
+        r"tnt-launch: job \w+ failed: rank 3 on host 127\.0\.0\.2 made no progress \(process stopped, e\.g\. by "
         r"SIGSTOP or a debugger\); rank [012] exited with code 1 after timing out", first
     ), done.stderr
     stopped = int((pids / "rank-3.pid").read_text())

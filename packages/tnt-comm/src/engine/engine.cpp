@@ -217,7 +217,8 @@ void Engine::fail_stalled(const Operation& stuck) {
     const std::string who = "rank " + std::to_string(waiting[i]);
     std::string why;
     if (!answers[i]) {
-      why = who + " did not answer: its process is stopped (SIGSTOP, a debugger) or its runtime hangs";
+      why = who + " did not answer: its process is stopped (SIGSTOP, a debugger), its runtime hangs, or its host "
+            "cannot be reached";
     } else if (answers[i]->rfind("behind", 0) == 0 && desc.kind != Kind::p2p) {
       why = who + " has not made this call: it is elsewhere in its program, " + answers[i]->substr(8);
     } else {

@@ -354,12 +354,16 @@ def _rank_request(config: LaunchConfig, plan: Plan, spec: RankSpec) -> dict[str,
     }
 
 
-def _finish(plan: Plan, ssh: SshSettings) -> None:
+def _finish(plan: Plan, ssh: SshSettings, silent: Sequence[str] = ()) -> None:
     """Remove what the job may have left on its hosts (processes, registry entries, /dev/shm).
 
-    This host is always visited: it holds the launcher's registry entry."""
+    This host is always visited: it holds the launcher's registry entry. Hosts that stopped
+    answering during the job (`silent`, named in the summary) are not: each would cost a connect
+    timeout."""
     ranks_here = any(h.local for h in plan.hosts)
-    hosts = [Host("localhost", local=True)] + [h for h in plan.hosts if not h.local]
+    hosts = [Host("localhost", local=True)] + [
+        h for h in plan.hosts if not h.local and h.name not in silent
+    ]
     answers = query_hosts(
         hosts,
         ssh,
@@ -423,12 +427,12 @@ def launch(config: LaunchConfig) -> int:
             "processes": [jobs.process_entry(os.getpid())],
         },
     )
+    supervisor = Supervisor(plan, config, ssh, lambda spec: _rank_request(config, plan, spec))
     try:
-        supervisor = Supervisor(plan, config, ssh, lambda spec: _rank_request(config, plan, spec))
         return supervisor.run()
     finally:
         try:
-            _finish(plan, ssh)
+            _finish(plan, ssh, supervisor.silent_hosts)
         finally:
             jobs.remove_entry(entry)
 

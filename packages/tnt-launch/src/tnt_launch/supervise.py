@@ -8,11 +8,14 @@ SIGCONT, then SIGKILL after the grace period), and tnt-launch exits with the fai
 after printing a summary. It names first the ranks that made no progress, the stopped ones and
 those that the failed ranks' tnt-comm timeout messages name ("made no progress: rank 1, rank 3"),
 then the failed rank. SIGINT (Ctrl+C), SIGTERM and SIGHUP to tnt-launch stop the job the same
-way; a second one kills the ranks at once.
+way; a second one kills the ranks at once. An agent on another host that does not answer that
+question in time sits behind a cut link or on a dead host: its connection is dropped at once
+instead of waiting out the grace period, and the summary names the host.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -254,6 +257,8 @@ class Supervisor:
         self.abandoned: list[_RankRun] = []
         self.check_until: float | None = None
         """While the agents are asked whether their ranks are stopped: when to stop waiting."""
+        self.silent: list[_RankRun] = []
+        """Runs on other hosts whose agents did not answer in time: dropped, not stopped."""
         self._pending_signals: list[int] = []
         self._wakeup: tuple[int, int] | None = None
 
@@ -479,13 +484,29 @@ class Supervisor:
 
     # -- stopping ---------------------------------------------------------------------------
 
+    @property
+    def silent_hosts(self) -> list[str]:
+        """Hosts whose agents stopped answering during the job, in rank order."""
+        return list(dict.fromkeys(run.spec.host for run in self.silent))
+
     def _stop_all(self) -> None:
         self.check_until = None
         if self.stopping:
             return
         self.stopping = True
         for run in self.runs:
-            if run.running:
+            if run.running and run.state_asked and run.state is None and not run.spec.local:
+                # Its agent was asked and said nothing for STATE_WAIT_S: the host or the link to it
+                # is gone, and a stop request would wait out the grace period for nothing.
+                self.silent.append(run)
+                run.kill()
+                if run.proc is not None:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        run.proc.wait(timeout=2)
+                run.status = RankStatus(None, error="did not answer")
+                for stream in run.streams:
+                    self._close_stream(stream)
+            elif run.running:
                 run.send(b"T")
         now = time.monotonic()
         self.kill_at = now + self.grace + 3.0
@@ -636,6 +657,14 @@ class Supervisor:
             groups.append((sorted(ranks), reason))
         return groups
 
+    def _on_hosts(self, ranks: Sequence[int]) -> str:
+        """' on host H' (or ' on hosts H1, H2') for a job on several hosts; '' on one host."""
+        if len(self.plan.hosts) < 2:
+            return ""
+        by_rank = {spec.rank: spec.host for spec in self.plan.ranks}
+        hosts = list(dict.fromkeys(by_rank[r] for r in ranks if r in by_rank))
+        return f" on host{'s' if len(hosts) > 1 else ''} {', '.join(hosts)}" if hosts else ""
+
     def _stopped_details(self, run: _RankRun) -> str:
         assert run.state is not None
         letters = {"T": "stopped", "t": "stopped by a tracer"}
@@ -653,7 +682,8 @@ class Supervisor:
             if groups:
                 # Lead with the ranks that held the others up: their failures follow from it.
                 blame = "; ".join(
-                    f"{_ranks(ranks)} made no progress ({reason})" for ranks, reason in groups
+                    f"{_ranks(ranks)}{self._on_hosts(ranks)} made no progress ({reason})"
+                    for ranks, reason in groups
                 )
                 self._say(
                     f"job {self.plan.job_id} failed: {blame}; rank {failure.spec.rank} "
@@ -685,6 +715,15 @@ class Supervisor:
             )
         else:
             code = 0
+        for host in self.silent_hosts:
+            ranks = [r.spec.rank for r in self.silent if r.spec.host == host]
+            self._say(
+                f"host {host} stopped answering during the job ({_ranks(ranks)} ran there): a cut "
+                "link, a dead host or a hung ssh session; its ranks were not stopped or tidied up "
+                "there: they end at their own tnt-comm timeout, or with `tnt-launch --cleanup` once "
+                "the host is back"
+            )
+            code = code or 1
         if self.abandoned:
             names = ", ".join(str(r.spec.rank) for r in self.abandoned)
             self._say(
