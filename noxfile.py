@@ -227,6 +227,15 @@ def bench(session: nox.Session) -> None:
 
 
 @nox.session(default=False)
+def bench_cluster(session: nox.Session) -> None:
+    """Allreduce across a cluster of network namespaces with shaped links (root): tnt host-aware,
+    tnt flat and Gloo; writes docs/cluster_allreduce.png with --out. Posargs go to it."""
+    install_comm(session)
+    session.install(str(LAUNCH), "matplotlib>=3.7", "torch==2.13.0")
+    session.run("python", str(ROOT / "benchmarks" / "cluster_allreduce.py"), *session.posargs)
+
+
+@nox.session(default=False)
 def bench_training(session: nox.Session) -> None:
     """LeNet-5, ResNet-50 and a Transformer: samples/s of plain Keras, tnt, MWMS; docs/training.png."""
     install_comm(session)

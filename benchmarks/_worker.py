@@ -38,9 +38,7 @@ class Library(Protocol):
     reduces: bool
     """True: the result is the sum over ranks; False (copy): the rank's own input."""
 
-    def prepare(
-        self, count: int
-    ) -> tuple[Callable[[], None], Callable[[], np.ndarray]]:
+    def prepare(self, count: int) -> tuple[Callable[[], None], Callable[[], np.ndarray]]:
         """Allocates the buffers for ``count`` float32 elements, filled with ``rank + 1``, and
         returns (one allreduce-sum without allocation, a view of the result)."""
         ...
@@ -67,9 +65,7 @@ class TntLibrary:
         self.rank = int(tnt_comm.rank())
         self.size = int(tnt_comm.size())
 
-    def prepare(
-        self, count: int
-    ) -> tuple[Callable[[], None], Callable[[], np.ndarray]]:
+    def prepare(self, count: int) -> tuple[Callable[[], None], Callable[[], np.ndarray]]:
         x = np.full(count, self.rank + 1, dtype=np.float32)
         y = np.empty_like(x)
         allreduce = self.tnt.allreduce
@@ -103,9 +99,7 @@ class MpiLibrary:
         self.rank = int(self.comm.Get_rank())
         self.size = int(self.comm.Get_size())
 
-    def prepare(
-        self, count: int
-    ) -> tuple[Callable[[], None], Callable[[], np.ndarray]]:
+    def prepare(self, count: int) -> tuple[Callable[[], None], Callable[[], np.ndarray]]:
         x = np.full(count, self.rank + 1, dtype=np.float32)
         y = np.empty_like(x)
         allreduce, op = self.comm.Allreduce, self.mpi.SUM
@@ -140,8 +134,12 @@ class GlooLibrary:
         self.torch = torch
         self.dist = dist
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-        rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        addr, port = os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]
+        if "RANK" in os.environ:
+            rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+            addr, port = os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]
+        else:  # started by tnt-launch (cluster_allreduce.py): its contract, one port above its store
+            rank, size = int(os.environ["TNT_RANK"]), int(os.environ["TNT_SIZE"])
+            addr, port = os.environ["TNT_MASTER_ADDR"], str(int(os.environ["TNT_MASTER_PORT"]) + 1)
         dist.init_process_group(
             "gloo",
             init_method=f"tcp://{addr}:{port}",
@@ -152,9 +150,7 @@ class GlooLibrary:
         self.rank, self.size = dist.get_rank(), dist.get_world_size()
         self.tensor: object = None
 
-    def prepare(
-        self, count: int
-    ) -> tuple[Callable[[], None], Callable[[], np.ndarray]]:
+    def prepare(self, count: int) -> tuple[Callable[[], None], Callable[[], np.ndarray]]:
         # torch.distributed has no out-of-place allreduce: the tensor is reduced in place.
         t = self.torch.full((count,), float(self.rank + 1), dtype=self.torch.float32)
         self.tensor = t
@@ -217,9 +213,7 @@ class CopyLibrary:
         self.size = int(os.environ["BENCH_SIZE"])
         self._barrier = _SharedBarrier(os.environ["BENCH_BARRIER"], self.rank, self.size)
 
-    def prepare(
-        self, count: int
-    ) -> tuple[Callable[[], None], Callable[[], np.ndarray]]:
+    def prepare(self, count: int) -> tuple[Callable[[], None], Callable[[], np.ndarray]]:
         x = np.full(count, self.rank + 1, dtype=np.float32)
         y = np.empty_like(x)
         copyto = np.copyto

@@ -93,19 +93,21 @@ class Cluster:
         return Path(f"/proc/{self.sshd_pids[host]}/root") / path.lstrip("/")
 
     def shape(self, host: int, rate: str | None = None, delay: str | None = None, loss: str | None = None) -> None:
-        """Shapes what ``host`` sends and what the switch sends to it (both directions)."""
-        netem = [
-            *(["delay", delay] if delay else []),
-            *(["loss", loss] if loss else []),
-            *(["rate", rate] if rate else []),
-        ]
-        if not netem:
+        """Shapes what ``host`` sends and what the switch sends to it (both directions): a rate alone
+        with a token bucket (``tbf``), delay or loss with ``netem`` (a kernel module some kernels lack)."""
+        if delay or loss:
+            args = ["netem", *(["delay", delay] if delay else []), *(["loss", loss] if loss else [])]
+            args += ["rate", rate] if rate else []
+        elif rate:
+            # veth hands over 64 KiB segments (GSO): the bucket must hold several of them.
+            args = ["tbf", "rate", rate, "burst", "512kb", "latency", "50ms"]
+        else:
             return
         for netns, dev in ((self.hosts[host], "eth0"), (self.switch, f"p{host}")):
-            tc = ["ip", "netns", "exec", netns, "tc", "qdisc", "replace", "dev", dev, "root", "netem", *netem]
+            tc = ["ip", "netns", "exec", netns, "tc", "qdisc", "replace", "dev", dev, "root", *args]
             done = subprocess.run(tc, capture_output=True, text=True, timeout=30, check=False)
             if done.returncode != 0:
-                raise ClusterUnavailable(f"cannot shape links with tc netem: {done.stderr.strip()}")
+                raise ClusterUnavailable(f"cannot shape links with tc {args[0]}: {done.stderr.strip()}")
 
     def cut(self, host: int) -> None:
         """Cuts ``host`` off the switch, as a pulled cable would (no packet, no reset)."""

@@ -74,6 +74,21 @@ const std::shared_ptr<const Members>& Group::members(Runtime& rt) {
   m->me = my_index_;
   m->channels.reserve(ranks_.size());
   for (int r : ranks_) m->channels.push_back(r == world_rank_ ? nullptr : rt.channel(r));
+  // Hosts as this rank sees them: a member is on our host when we reach it over shared memory.
+  // Every rank sees the same partition, because links are chosen per pair from the node ranks.
+  std::vector<int> host_of(ranks_.size(), -1);
+  for (std::size_t i = 0; i < ranks_.size(); ++i) {
+    if (host_of[i] >= 0) continue;
+    host_of[i] = static_cast<int>(m->hosts.size());
+    m->hosts.push_back({static_cast<int>(i)});
+    for (std::size_t j = i + 1; j < ranks_.size(); ++j) {
+      if (host_of[j] < 0 && rt.fabric().same_host(ranks_[i], ranks_[j])) {
+        host_of[j] = host_of[i];
+        m->hosts.back().push_back(static_cast<int>(j));
+      }
+    }
+  }
+  m->host_aware = rt.allreduce_algorithm() != "flat" && host_aware_fits(*m);
   members_ = std::move(m);
   return members_;
 }
@@ -161,6 +176,7 @@ std::shared_ptr<Operation> Group::allreduce_op(Runtime& rt, const void* in, void
   if (bytes <= kOneShotBytes && size() <= 8) {
     return make_allreduce_one_shot(members(rt), d, in, out, count, dtype, op);
   }
+  if (members(rt)->host_aware) return make_allreduce_host_aware(members(rt), d, in, out, count, dtype, op);
   return make_allreduce_direct(members(rt), d, in, out, count, dtype, op);
 }
 

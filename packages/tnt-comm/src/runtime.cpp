@@ -61,6 +61,11 @@ Identity Identity::from_environment() {
                             " is not a positive number of seconds (inf: no limit)");
     }
   }
+  if (const char* a = env("TNT_ALLREDUCE")) id.allreduce = a;
+  if (id.allreduce != "auto" && id.allreduce != "flat") {
+    throw InvalidArgument("TNT_ALLREDUCE=" + id.allreduce +
+                          " is not one of auto (host-aware across hosts, the default) or flat");
+  }
   if (id.size == 1) return id;
   for (const char* required : {"TNT_RANK", "TNT_MASTER_ADDR", "TNT_MASTER_PORT", "TNT_JOB_TOKEN"}) {
     if (env(required) == nullptr) {

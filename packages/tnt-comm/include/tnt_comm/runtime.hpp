@@ -29,6 +29,7 @@ struct Identity {
   std::string job_id = "local";
   std::string token;
   std::string transport = "auto";  // auto | shm | tcp
+  std::string allreduce = "auto";  // auto | flat (TNT_ALLREDUCE): host-aware across hosts, or never
   double timeout_s = 300.0;
 
   // Reads TNT_* variables; without TNT_SIZE (or with TNT_SIZE=1) describes a single rank.
@@ -66,6 +67,8 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   // Transport used towards each world rank ("self", "shm" or "tcp").
   std::vector<std::string> transports() const;
 
+  // "auto" (host-aware across hosts where it fits) or "flat" (TNT_ALLREDUCE).
+  const std::string& allreduce_algorithm() const { return identity_.allreduce; }
   Fabric& fabric() { return *fabric_; }
   Engine& engine() { return *engine_; }
   Channel* channel(int world_rank) { return channels_[static_cast<std::size_t>(world_rank)].get(); }

@@ -21,7 +21,18 @@ std::shared_ptr<Operation> make_allreduce_one_shot(std::shared_ptr<const Members
 std::shared_ptr<Operation> make_allreduce_direct(std::shared_ptr<const Members> members, Descriptor desc, const void* in,
                                                  void* out, std::size_t count, DType dtype,
                                                  ReduceOp op);
-// The first half of the above: `in` holds n blocks of `count` elements; `out` gets our block.
+// Whether the host-aware allreduce applies to the members' hosts: two or more hosts with the same
+// number (>= 2) of members each.
+bool host_aware_fits(const Members& members);
+// Host-aware: reduce-scatter within each host (shared memory), then member l of every host
+// allreduces region l with member l of the other hosts (a ring), then allgather within each host.
+// Each host's link carries 2(H-1)/H of the buffer (H hosts) instead of the flat algorithm's
+// 2(n-1)/n per rank times the ranks of the host. Every block is reduced once, by one rank, so all
+// ranks get the same bits (summed within hosts first, then across hosts along the ring).
+std::shared_ptr<Operation> make_allreduce_host_aware(std::shared_ptr<const Members> members, Descriptor desc,
+                                                     const void* in, void* out, std::size_t count, DType dtype,
+                                                     ReduceOp op);
+// The first half of the direct allreduce: `in` holds n blocks of `count` elements; `out` gets our block.
 std::shared_ptr<Operation> make_reduce_scatter(std::shared_ptr<const Members> members, Descriptor desc, const void* in,
                                                void* out, std::size_t count, DType dtype,
                                                ReduceOp op);

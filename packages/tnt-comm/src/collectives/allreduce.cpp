@@ -1,4 +1,5 @@
 // Allreduce and reduce-scatter algorithms (see algorithms.hpp).
+#include <algorithm>
 #include <cstring>
 
 #include "collectives/algorithms.hpp"
@@ -218,7 +219,198 @@ std::vector<std::size_t> region_offsets(std::size_t count, std::size_t elem, int
   return offsets;
 }
 
+// A ring: member r sends only to r+1 and receives only from r-1. In n-1 reduce-scatter steps each
+// block travels once around the ring, gaining one member's part per hop; in n-1 allgather steps
+// the finished blocks travel around once more. Every member sends 2(n-1)/n of the buffer to a
+// single peer, so over TCP no send waits behind a busy peer while another link idles. Blocks are
+// cut into payload-sized chunks, and a chunk moves on as soon as it arrived (pipelined).
+class RingAllreduce final : public Operation {
+ public:
+  RingAllreduce(std::shared_ptr<const Members> m, Descriptor d, const void* in, void* out, std::size_t count,
+                DType dtype, ReduceOp op)
+      : Operation(std::move(m), d),
+        in_(static_cast<const std::byte*>(in)),
+        out_(static_cast<std::byte*>(out)),
+        dtype_(dtype),
+        op_(op),
+        n_(static_cast<std::size_t>(members_->size())),
+        me_(static_cast<std::size_t>(members_->me)),
+        offsets_(region_offsets(count, dtype_size(dtype), members_->size())) {
+    std::size_t longest = 0;
+    for (std::size_t b = 0; b < n_; ++b) longest = std::max(longest, length(b));
+    chunks_ = chunks(longest);
+    total_ = 2 * (n_ - 1) * chunks_;
+  }
+
+  void reserve() override {
+    const int next = static_cast<int>((me_ + 1) % n_), prev = static_cast<int>((me_ + n_ - 1) % n_);
+    if (next == prev) {
+      open(next, total_, total_);
+    } else {
+      open(next, total_, 0);
+      open(prev, 0, total_);
+    }
+  }
+
+  Progress progress() override {
+    bool advanced = false;
+    const std::size_t next = (me_ + 1) % n_, prev = (me_ + n_ - 1) % n_;
+    const std::size_t p_bytes = members_->payload_bytes();
+    // Receive in order: message k is step k / chunks_ (reduce-scatter for the first n-1 steps,
+    // allgather after), chunk k % chunks_.
+    std::uint64_t index;
+    while (processed_ < total_) {
+      const MessageHeader* h = recvs_[prev].next(desc_, &index);
+      if (h == nullptr) break;
+      const std::uint64_t step = processed_ / chunks_, c = processed_ % chunks_;
+      const std::size_t b = block(step < n_ - 1 ? me_ + 2 * n_ - step - 1 : me_ + 2 * n_ - (step - (n_ - 1)));
+      const std::size_t bytes = chunk_bytes(length(b), c);
+      std::byte* target = out_ + offsets_[b] + c * p_bytes;
+      if (step < n_ - 1) {
+        const void* inputs[2] = {in_ + offsets_[b] + c * p_bytes, recvs_[prev].payload(h)};
+        reduce(dtype_, op_, target, inputs, 2, bytes / dtype_size(dtype_));
+      } else if (bytes > 0) {
+        std::memcpy(target, recvs_[prev].payload(h), bytes);
+      }
+      recvs_[prev].consume(index);
+      ++processed_;
+      advanced = true;
+    }
+    // Send in order: message k needs nothing for the first step, else message k - chunks_ received.
+    while (sends_[next].ready()) {
+      const std::uint64_t k = sends_[next].sent();
+      if (k >= chunks_ && processed_ <= k - chunks_) break;
+      const std::uint64_t step = k / chunks_, c = k % chunks_;
+      const std::byte* source;
+      std::size_t b;
+      if (step < n_ - 1) {
+        b = block(me_ + 2 * n_ - step);
+        source = (step == 0 ? in_ : out_) + offsets_[b] + c * p_bytes;
+      } else {
+        b = block(me_ + 2 * n_ + 1 - (step - (n_ - 1)));
+        source = out_ + offsets_[b] + c * p_bytes;
+      }
+      sends_[next].send(desc_, static_cast<std::uint32_t>(k), source, chunk_bytes(length(b), c));
+      advanced = true;
+    }
+    if (processed_ == total_ && streams_finished()) return Progress::done;
+    return advanced ? Progress::advanced : Progress::idle;
+  }
+
+ private:
+  std::size_t block(std::size_t i) const { return i % n_; }
+  std::size_t length(std::size_t b) const { return offsets_[b + 1] - offsets_[b]; }
+
+  const std::byte* in_;
+  std::byte* out_;
+  DType dtype_;
+  ReduceOp op_;
+  std::size_t n_, me_;
+  std::vector<std::size_t> offsets_;
+  std::uint64_t chunks_ = 1, total_ = 0, processed_ = 0;
+};
+
+// Runs operations one after the other as one: the phases of the host-aware allreduce, each over
+// its own subset of the group (its own members and stream key).
+class Phases final : public Operation {
+ public:
+  Phases(std::shared_ptr<const Members> m, Descriptor d, std::vector<std::shared_ptr<Operation>> phases)
+      : Operation(std::move(m), d), phases_(std::move(phases)) {}
+
+  // Every phase's messages are reserved at once, in the same order on every rank.
+  void reserve() override {
+    for (auto& phase : phases_) phase->reserve();
+  }
+  void claim_receives() override {
+    for (auto& phase : phases_) phase->claim_receives();
+  }
+  Progress progress() override {
+    bool advanced = false;
+    while (current_ < phases_.size()) {
+      const Progress p = phases_[current_]->progress();
+      if (p != Progress::done) return advanced || p == Progress::advanced ? Progress::advanced : Progress::idle;
+      ++current_;
+      advanced = true;
+    }
+    return Progress::done;
+  }
+  std::vector<int> waiting_ranks() const override {
+    return current_ < phases_.size() ? phases_[current_]->waiting_ranks() : std::vector<int>{};
+  }
+  std::vector<int> needs_more_from() const override {
+    return current_ < phases_.size() ? phases_[current_]->needs_more_from() : std::vector<int>{};
+  }
+
+ private:
+  std::vector<std::shared_ptr<Operation>> phases_;
+  std::size_t current_ = 0;
+};
+
+// The members of the group at `indices` (one of which is us), as a group of their own.
+std::shared_ptr<const Members> subset(const Members& all, const std::vector<int>& indices) {
+  auto m = std::make_shared<Members>();
+  m->fabric = all.fabric;
+  for (std::size_t i = 0; i < indices.size(); ++i) {
+    const auto g = static_cast<std::size_t>(indices[i]);
+    m->channels.push_back(all.channels[g]);
+    m->world_ranks.push_back(all.world_ranks[g]);
+    if (indices[i] == all.me) m->me = static_cast<int>(i);
+  }
+  return m;
+}
+
+// A stream key of its own for each phase, the same on every rank (splitmix64 of group and phase).
+std::uint64_t phase_key(std::uint64_t group, std::uint64_t phase) {
+  std::uint64_t z = group + phase * 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
 }  // namespace
+
+bool host_aware_fits(const Members& members) {
+  const auto& hosts = members.hosts;
+  if (hosts.size() < 2 || hosts.front().size() < 2) return false;
+  return std::all_of(hosts.begin(), hosts.end(), [&](const auto& h) { return h.size() == hosts.front().size(); });
+}
+
+std::shared_ptr<Operation> make_allreduce_host_aware(std::shared_ptr<const Members> members, Descriptor desc,
+                                                     const void* in, void* out, std::size_t count, DType dtype,
+                                                     ReduceOp op) {
+  const std::size_t elem = dtype_size(dtype);
+  std::size_t my_host = 0, my_local = 0;
+  for (std::size_t k = 0; k < members->hosts.size(); ++k) {
+    const auto& h = members->hosts[k];
+    const auto it = std::find(h.begin(), h.end(), members->me);
+    if (it != h.end()) my_host = k, my_local = static_cast<std::size_t>(it - h.begin());
+  }
+  const auto& host = members->hosts[my_host];
+  std::vector<int> peers_of_my_index;  // member my_local of every host, in host order
+  for (const auto& h : members->hosts) peers_of_my_index.push_back(h[my_local]);
+  auto local = subset(*members, host);
+  auto across = subset(*members, peers_of_my_index);
+
+  const auto offsets = region_offsets(count, elem, static_cast<int>(host.size()));
+  std::byte* region = static_cast<std::byte*>(out) + offsets[my_local];
+  const std::size_t region_count = (offsets[my_local + 1] - offsets[my_local]) / elem;
+
+  Descriptor within = desc, between = desc, gather = desc;
+  within.group = phase_key(desc.group, 1);
+  between.group = phase_key(desc.group, 2);
+  between.count = region_count;
+  gather.group = phase_key(desc.group, 3);
+  gather.kind = Kind::allgatherv;
+  std::vector<std::size_t> bytes(host.size());
+  for (std::size_t m = 0; m < host.size(); ++m) bytes[m] = offsets[m + 1] - offsets[m];
+
+  std::vector<std::shared_ptr<Operation>> phases;
+  phases.push_back(std::make_shared<ReduceToOwners>(local, within, in, nullptr, region, offsets, dtype, op, false));
+  // Across hosts a ring: each rank talks to one rank of one other host (see RingAllreduce).
+  phases.push_back(std::make_shared<RingAllreduce>(across, between, region, region, region_count, dtype, op));
+  phases.push_back(make_allgatherv(local, gather, region, out, std::move(bytes)));
+  return std::make_shared<Phases>(std::move(members), desc, std::move(phases));
+}
 
 std::shared_ptr<Operation> make_allreduce_one_shot(std::shared_ptr<const Members> members, Descriptor desc, const void* in,
                                                    void* out, std::size_t count, DType dtype,

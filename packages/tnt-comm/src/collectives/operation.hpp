@@ -24,6 +24,10 @@ struct Members {
   std::vector<Channel*> channels;  // by group index; nullptr for ourselves
   std::vector<int> world_ranks;
   int me = 0;
+  // Group indices by host (members that reach each other over shared memory), hosts in the order
+  // of their first member; filled for groups, not for the subsets an algorithm makes.
+  std::vector<std::vector<int>> hosts;
+  bool host_aware = false;  // allreduce uses the host-aware algorithm when it fits (TNT_ALLREDUCE)
   int size() const { return static_cast<int>(world_ranks.size()); }
   std::size_t payload_bytes() const { return fabric->payload_bytes(); }
 };
@@ -105,10 +109,10 @@ class Operation {
   virtual Progress progress() = 0;
   // Which ranks the operation still waits for (for timeout messages), as text and as world ranks.
   std::string waiting_for() const;
-  std::vector<int> waiting_ranks() const { return peers_unfinished(false); }
+  virtual std::vector<int> waiting_ranks() const { return peers_unfinished(false); }
   // World ranks that still have to send us a message of this operation or take one from us
   // (messages that arrived but wait for others to be used do not count).
-  std::vector<int> needs_more_from() const { return peers_unfinished(true); }
+  virtual std::vector<int> needs_more_from() const { return peers_unfinished(true); }
 
   const Descriptor& descriptor() const { return desc_; }
   // Whether a caller is blocked in this very call (set at submission).
@@ -116,7 +120,7 @@ class Operation {
   void set_blocking(bool blocking) { blocking_ = blocking; }
   // Tells each channel which of its arriving messages this operation will take (driver side, at
   // the moment the engine takes the operation in, in submission order).
-  void claim_receives() {
+  virtual void claim_receives() {
     for (auto& r : recvs_) r.claim();
   }
 

@@ -139,7 +139,8 @@ std::vector<Socket> accept_peers(const Socket& listener, int rank, int size, con
 
 }  // namespace
 
-Fabric::Fabric(const Identity& identity) : rank_(identity.rank), size_(identity.size) {
+Fabric::Fabric(const Identity& identity)
+    : rank_(identity.rank), size_(identity.size), nodes_(static_cast<std::size_t>(identity.size), identity.node_rank) {
   peers_.resize(static_cast<std::size_t>(size_));
   if (size_ == 1) {
     segment_.layout.world = 1;
@@ -194,6 +195,7 @@ void Fabric::rendezvous(const Identity& id) {
     auto i = static_cast<std::size_t>(r);
     in >> host[i] >> port[i] >> node[i];
   }
+  nodes_ = node;
   const std::size_t payload = std::stoul(store.get(prefix + "payload", deadline));
 
   // 2. Full mesh of TCP connections: we connect to lower ranks and accept higher ones. Each

@@ -38,6 +38,10 @@ class Fabric {
   std::size_t payload_bytes() const { return segment_.layout.slot_bytes - kHeaderBytes; }
   Link& link(int peer) { return *peers_[static_cast<std::size_t>(peer)]->link; }
   std::string transport(int peer) const;
+  // Whether two world ranks run on the same host (the same TNT_NODE_RANK), whatever their link.
+  bool same_host(int a, int b) const {
+    return nodes_[static_cast<std::size_t>(a)] == nodes_[static_cast<std::size_t>(b)];
+  }
   Doorbell doorbell() const { return segment_.doorbell(); }
 
   // Records the first failure, wakes every waiter and, if asked, tells every peer (abort frame).
@@ -81,6 +85,7 @@ class Fabric {
 
   int rank_;
   int size_;
+  std::vector<int> nodes_;  // node rank of every world rank, from the rendezvous
   MappedMemory memory_;
   SegmentView segment_;
   std::vector<std::unique_ptr<Peer>> peers_;  // indexed by world rank; our own entry is empty
