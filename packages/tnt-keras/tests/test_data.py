@@ -20,8 +20,9 @@ def test_datasets_and_errors(ranks: int) -> None:
         assert r["dict_inputs_err"] < TOL and r["sparse_inputs_err"] < TOL
         assert r["val_err"] < TOL and r["val_undistributed_err"] < TOL
         assert "val_loss" in r["validation_keys"]
-        for key in ("shuffled_numpy_weights", "undistributed_weights", "unseeded_weights"):
+        for key in ("shuffled_numpy_weights", "undistributed_weights", "unseeded_weights", "order_11", "order_12"):
             assert r[key] == first[key], key
+        assert r["order_11"] == r["order_11_again"] != r["order_12"], (r["order_11"], r["order_12"])
         e = r["errors"]
         assert "batch_size=10" in e["batch_size_with_dataset"] and "GLOBAL" in e["batch_size_with_dataset"]
         assert e["ftrl"].startswith("ValueError") and "Ftrl" in e["ftrl"]

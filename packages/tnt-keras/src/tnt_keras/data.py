@@ -91,8 +91,24 @@ def check_seeded_shuffles(ds: tf.data.Dataset) -> None:
         stack.extend(_inputs(d))
 
 
+def default_shuffle_seed() -> int:
+    """The seed tnt gives a shuffle made without one: the same on every rank.
+
+    With a global seed (``tf.random.set_seed``, ``keras.utils.set_random_seed``) it is derived from
+    that seed, so runs with different global seeds shuffle differently and runs with the same one
+    alike; without one it is ``DEFAULT_SHUFFLE_SEED``. It depends on nothing else (not on how many
+    random ops or shuffles a rank made before), so ranks agree even where one does extra work.
+    """
+    from tensorflow.python.eager import context
+
+    global_seed = context.global_seed() if tf.executing_eagerly() else tf.compat.v1.get_default_graph().seed
+    if global_seed is None:
+        return DEFAULT_SHUFFLE_SEED
+    return (int(global_seed) * 1_000_003 + 7_919) % (2**31 - 1)
+
+
 def install_shuffle_seed() -> None:
-    """Makes ``Dataset.shuffle`` without a seed use ``DEFAULT_SHUFFLE_SEED`` (logged at INFO)."""
+    """Makes ``Dataset.shuffle`` without a seed use ``default_shuffle_seed()`` (logged at INFO)."""
     from tensorflow.python.data.ops import dataset_ops
 
     original = dataset_ops.DatasetV2.shuffle
@@ -101,11 +117,8 @@ def install_shuffle_seed() -> None:
 
     def shuffle(self: Any, buffer_size: Any, seed: Any = None, reshuffle_each_iteration: Any = True, name: Any = None):
         if seed is None:
-            logger.info(
-                "Dataset.shuffle without a seed: using seed %d so that every rank shuffles alike",
-                DEFAULT_SHUFFLE_SEED,
-            )
-            seed = DEFAULT_SHUFFLE_SEED
+            seed = default_shuffle_seed()
+            logger.info("Dataset.shuffle without a seed: using seed %d so that every rank shuffles alike", seed)
         return original(self, buffer_size, seed=seed, reshuffle_each_iteration=reshuffle_each_iteration, name=name)
 
     shuffle._tnt_seeded = True  # type: ignore[attr-defined]
@@ -190,15 +203,16 @@ def prepare(
 
 
 def arrays_to_dataset(
-    x: Any, y: Any, sample_weight: Any, batch_size: int | None, shuffle: bool, seed: int = DEFAULT_SHUFFLE_SEED
+    x: Any, y: Any, sample_weight: Any, batch_size: int | None, shuffle: bool, seed: int | None = None
 ) -> tf.data.Dataset:
-    """Numpy/tensor inputs as a globally batched dataset, shuffled identically on every rank."""
+    """Numpy/tensor inputs as a globally batched dataset, shuffled identically on every rank
+    (with ``seed``, else with ``default_shuffle_seed()``)."""
     parts = tuple(p for p in (x, y, sample_weight) if p is not None)
     data = parts[0] if len(parts) == 1 else parts
     ds = tf.data.Dataset.from_tensor_slices(data)
     if shuffle:
         rows = len(tf.nest.flatten(data)[0])
-        ds = ds.shuffle(rows, seed=seed, reshuffle_each_iteration=True)
+        ds = ds.shuffle(rows, seed=default_shuffle_seed() if seed is None else seed, reshuffle_each_iteration=True)
     return ds.batch(batch_size or 32)
 
 

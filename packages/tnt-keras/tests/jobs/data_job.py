@@ -146,6 +146,20 @@ model.fit(tf.data.Dataset.from_tensor_slices((x, y)).shuffle(70).batch(10), epoc
 results["unseeded_weights"] = flat(model.get_weights())
 results["seed_info"] = "without a seed" in log.getvalue()
 
+
+def unseeded_order() -> list[int]:
+    return [int(v) for v in tf.data.Dataset.range(20).shuffle(20).as_numpy_iterator()]
+
+
+# With a global seed, an unseeded shuffle follows it (as in plain TensorFlow): another global seed
+# shuffles differently, the same one alike, and every rank agrees. Restores the job's seed after.
+tf.random.set_seed(11)
+results["order_11"] = unseeded_order()
+tf.random.set_seed(12)
+results["order_12"] = unseeded_order()
+keras.utils.set_random_seed(11)
+results["order_11_again"] = unseeded_order()
+
 # Errors that name the problem and the fix.
 results["errors"] = {
     "early_shuffle": error_of(lambda: fresh().fit(early, verbose=0)) if size > 1 else "",
