@@ -29,6 +29,7 @@ def test_datasets_and_errors(ranks: int) -> None:
         assert e["jit"].startswith("ValueError") and "jit_compile" in e["jit"]
         assert e["h5"].startswith("ValueError") and ".keras" in e["h5"]
         assert e["generator"].startswith("TypeError") and "from_generator" in e["generator"]
+        assert e["micro_zip"].startswith("ValueError") and "already batched" in e["micro_zip"], e["micro_zip"]
         if ranks > 1:
             assert "without a seed" in e["early_shuffle"] and "seed=" in e["early_shuffle"]
             assert e["static_small_batch"].startswith("ValueError") and "at least" in e["static_small_batch"]

@@ -40,10 +40,14 @@ _BATCH = ("_BatchDataset", "_ParallelBatchDataset", "_PaddedBatchDataset")
 
 
 def _inputs(ds: tf.data.Dataset) -> list[tf.data.Dataset]:
-    found = getattr(ds, "_input_datasets", None)
-    if found is None:
-        single = getattr(ds, "_input_dataset", None)
-        found = [single] if single is not None else []
+    """The datasets ``ds`` reads (all of them for zip and concatenate)."""
+    try:
+        found = list(ds._inputs())  # every tf.data dataset type implements it
+    except (AttributeError, NotImplementedError, TypeError):
+        found = getattr(ds, "_input_datasets", None)
+        if found is None:
+            single = getattr(ds, "_input_dataset", None)
+            found = [single] if single is not None else []
     return [d for d in found if isinstance(d, tf.data.Dataset)]
 
 
@@ -57,6 +61,26 @@ def find_batch(ds: tf.data.Dataset) -> tf.data.Dataset | None:
             return None
         ds = getattr(ds, "_input_dataset", None)
     return None
+
+
+def batched_upstream(ds: tf.data.Dataset) -> bool:
+    """Whether a batch transformation feeds ``ds`` through zips, concatenations and element-wise
+    transformations only: its elements are then batches, though ``find_batch`` (one input at a
+    time) cannot tell. Other transformations (unbatch, flat_map, interleave, ...) may change what
+    an element is, so the search stops there."""
+    seen: set[int] = set()
+    stack = [ds]
+    while stack:
+        d = stack.pop()
+        if id(d) in seen:
+            continue
+        seen.add(id(d))
+        name = type(d).__name__
+        if name in _BATCH:
+            return True
+        if name in _ELEMENTWISE or name in ("_ZipDataset", "_ConcatenateDataset"):
+            stack.extend(_inputs(d))
+    return False
 
 
 def static_batch_size(ds: tf.data.Dataset) -> int | None:
@@ -187,6 +211,13 @@ def prepare(
             raise ValueError(f"tnt: tnt_micro_batch_size must be positive, got {micro_batch_size}")
         global_batch = micro_batch_size * size
         if find_batch(ds) is None:
+            if batched_upstream(ds):
+                raise ValueError(
+                    f"tnt: the {what} is already batched (behind a zip, concatenate or similar transformation), "
+                    f"so tnt_micro_batch_size={micro_batch_size} would batch its batches again. Either leave the "
+                    "datasets unbatched and pass tnt_micro_batch_size, or batch the result with "
+                    f"micro_batch_size * tnt.get_size() = {global_batch} samples and leave tnt_micro_batch_size out."
+                )
             ds = ds.batch(global_batch)
         elif (batched := static_batch_size(ds)) is not None and batched != global_batch:
             raise ValueError(

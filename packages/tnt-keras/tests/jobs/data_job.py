@@ -173,6 +173,16 @@ results["errors"] = {
     # Not an error: a partial last batch of 1 sample leaves ranks 1.. an empty slice, which is fine.
     "dynamic_small_batch": error_of(lambda: fresh().fit(dataset(21, 10), epochs=1, verbose=0)),
     "generator": error_of(lambda: fresh().fit(iter([1, 2]), verbose=0)),
+    # Batches behind a zip are still batches: batching them again is refused.
+    "micro_zip": error_of(
+        lambda: fresh().fit(
+            tf.data.Dataset.zip(
+                (tf.data.Dataset.from_tensor_slices(x).batch(6), tf.data.Dataset.from_tensor_slices(y).batch(6))
+            ),
+            tnt_micro_batch_size=3,
+            verbose=0,
+        )
+    ),
 }
 
 # BatchNormalization on micro-batches under 16 samples warns once.
