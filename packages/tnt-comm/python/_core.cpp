@@ -6,6 +6,8 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "tnt_comm/c_api.h"
 #include "tnt_comm/tnt_comm.hpp"
@@ -142,6 +144,21 @@ PYBIND11_MODULE(_core, m) {
     return d;
   });
   m.def("transports", [] { return tnt::Runtime::init().transports(); });
+  // What this build was compiled with; needs no running job.
+  m.def("build_info", [] {
+    py::dict d;
+    d["transports"] = std::vector<std::string>{"shm", "tcp"};
+    d["gpi2"] = py::none();  // no GPI-2 transport in this build (TNT_TRANSPORT=gpi2 is refused)
+#if defined(__clang__)
+    d["compiler"] = std::string("clang ") + __clang_version__;
+#elif defined(__GNUC__)
+    d["compiler"] = std::string("GCC ") + __VERSION__;
+#else
+    d["compiler"] = std::string("unknown");
+#endif
+    d["cxx_standard"] = static_cast<long>(__cplusplus);
+    return d;
+  });
   m.def("dtype_size", [](int dtype) { return tnt::dtype_size(static_cast<DType>(dtype)); });
 
   py::class_<tnt::Work>(m, "Work")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import ctypes
+import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -96,3 +98,20 @@ def test_c_abi_capsule() -> None:
     assert results == [None] and np.array_equal(x, y)
     assert api.allreduce_async(x.ctypes.data, y.ctypes.data, 8, 99, 0, done, None) != 0
     assert b"dtype" in api.last_error()
+
+
+def test_build_info_says_what_this_build_has() -> None:
+    # In a fresh process: build_info must not start a runtime (it needs no job).
+    code = (
+        "import json, tnt_comm\n"
+        "info = tnt_comm.build_info()\n"
+        "print(json.dumps(info))\n"
+        "assert not tnt_comm._core.is_initialized()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    info = json.loads(done.stdout)
+    assert info["transports"] == ["shm", "tcp"] and info["gpi2"] is None
+    assert info["version"] == tnt_comm.__version__
+    assert Path(info["path"], "__init__.py").is_file()
+    assert info["compiler"].split()[0] in ("GCC", "clang") and info["cxx_standard"] >= 201703

@@ -140,3 +140,26 @@ def test_help_groups_and_version(launcher: Launcher) -> None:
     done = launcher.run(["--version"])
     assert (done.returncode, done.stdout) == (0, f"tnt-launch {__version__}\n")
     assert __version__ == "0.1.0"
+
+
+def test_check_build_reports_this_installation(launcher: Launcher) -> None:
+    done = launcher.run(["--check-build"])
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2, done.stdout + done.stderr
+    try:
+        import tnt_comm
+    except ImportError:
+        assert done.returncode == 1 and lines[0].startswith("tnt_comm: not installed")
+    else:
+        assert done.returncode == 0, done.stderr
+        assert lines[0].startswith(f"tnt_comm {tnt_comm.__version__} (") and "transports shm, tcp;" in lines[0]
+        assert "gpi2: not built in" in lines[0]
+    assert lines[1].startswith("tnt_keras"), lines[1]
+    assert "cpu_feature_guard" not in done.stderr  # TensorFlow's start-up lines stay quiet
+
+
+def test_gpi2_transport_is_refused_where_tnt_comm_lacks_it(launcher: Launcher) -> None:
+    pytest.importorskip("tnt_comm", reason="tnt_comm is not installed beside tnt-launch")
+    done = launcher.run(["-n", "1", "--transport", "gpi2", "--", "x.py"])
+    assert done.returncode == 2
+    assert "--transport gpi2: the tnt_comm installed here has no GPI-2 transport" in done.stderr

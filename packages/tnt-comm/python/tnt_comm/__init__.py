@@ -40,6 +40,7 @@ __all__ = [
     "allreduce",
     "barrier",
     "broadcast",
+    "build_info",
     "cmake_prefix_path",
     "finalize",
     "get_include",
@@ -120,6 +121,15 @@ def transports() -> list[str]:
     """How this rank reaches each world rank: 'self', 'shm' or 'tcp'."""
     init()
     return list(_core.transports())
+
+
+def build_info() -> dict[str, Any]:
+    """What this installation of tnt-comm has, without starting a job: its version and folder, the
+    transports compiled in, GPI-2 (None: not built with it) and the compiler."""
+    info: dict[str, Any] = dict(_core.build_info())
+    info["version"] = __version__
+    info["path"] = str(Path(__file__).resolve().parent)
+    return info
 
 
 def get_include() -> str:

@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 
 from rich.console import Console
 
-from tnt_launch import __version__, _agent, jobs
+from tnt_launch import __version__, _agent, check_build, jobs
 from tnt_launch.command import EXECUTABLE, PYTHON, SCRIPT, classify, python_target
 from tnt_launch.config import (
     FOREVER_S,
@@ -167,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
                               "or a program, runs as given)")
 
     control = parser.add_argument_group("job control")
+    control.add_argument("--check-build", action="store_true",
+                         help="say what the tnt packages of this Python have (transports, GPI-2, "
+                              "the TensorFlow op) and exit")
     control.add_argument("--dry-run", action="store_true",
                          help="print every rank's host, device, pinning, command and environment, "
                               "then exit without starting anything")
@@ -228,6 +231,13 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
         raise UsageError("--dry-run cannot be combined with --cleanup")
     if not command and not args.cleanup:
         raise UsageError(f"no script given: {USAGE}")
+    if args.transport == "gpi2" and not args.cleanup:
+        info = check_build.comm_info()
+        if info is not None and "gpi2" not in info["transports"]:
+            raise UsageError(
+                "--transport gpi2: the tnt_comm installed here has no GPI-2 transport (transports: "
+                f"{', '.join(info['transports'])}); use auto, shm or tcp, or see `tnt-launch --check-build`"
+            )
 
     try:
         explicit = (
@@ -464,8 +474,12 @@ def cleanup(config: LaunchConfig) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `tnt-launch` command."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    options = argv[: argv.index("--")] if "--" in argv else argv
+    if "--check-build" in options:
+        return check_build.report(sys.stdout)
     try:
-        config = parse_args(sys.argv[1:] if argv is None else argv)
+        config = parse_args(argv)
         return cleanup(config) if config.cleanup else launch(config)
     except LaunchError as e:
         print(f"tnt-launch: error: {e}", file=sys.stderr)
