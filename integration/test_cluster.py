@@ -126,8 +126,10 @@ y = (x.sum(axis=1) > 4).astype("float32")
 
 
 def build():
+    # The middle kernel (128 KiB) is summed by the host-aware allreduce, the small ones by one-shot.
     keras.utils.set_random_seed(7)
-    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
+    layers = [keras.layers.Dense(512, activation="relu"), keras.layers.Dense(64, activation="relu")]
+    return keras.Sequential([keras.Input((8,)), *layers, keras.layers.Dense(1)])
 
 
 serial = build()
@@ -138,19 +140,21 @@ model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
 model.fit(x, y, batch_size=24, epochs=2, shuffle=False, verbose=0)
 diff = max(float(np.abs(a - b).max()) for a, b in zip(serial.get_weights(), model.get_weights()))
 print(f"RESULT rank {tnt_comm.rank()} diff {diff:.3g}", flush=True)
+# Across hosts the sums are taken in another order (hosts first): 3e-8 was measured.
 assert diff < 1e-6, diff
 """
 
 
-@pytest.mark.timeout(300)
-def test_keras_training_equals_serial_across_hosts(cluster: Cluster, tmp_path: Path) -> None:
-    """2 hosts x 2 ranks train a global batch of 24 exactly as one process does."""
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("hosts", [2, 3])
+def test_keras_training_equals_serial_across_hosts(cluster: Cluster, hosts: int, tmp_path: Path) -> None:
+    """2 and 3 hosts x 2 ranks train a global batch of 24 as one process does."""
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
-    argv = launch_argv(cluster, 2, tmp_path, "--output-on-all-devices", "--timeout", "120", "--", str(script))
-    done = subprocess.run(argv, env=env(cluster), capture_output=True, text=True, timeout=280, check=False)
+    argv = launch_argv(cluster, hosts, tmp_path, "--output-on-all-devices", "--timeout", "120", "--", str(script))
+    done = subprocess.run(argv, env=env(cluster), capture_output=True, text=True, timeout=380, check=False)
     assert done.returncode == 0, done.stdout + done.stderr[-4000:]
-    assert len(re.findall(r"RESULT rank \d diff", done.stdout)) == 4, done.stdout
+    assert len(re.findall(r"RESULT rank \d diff", done.stdout)) == hosts * PER_HOST, done.stdout
 
 
 LOOP = r"""
@@ -172,11 +176,14 @@ while True:
 
 
 @contextlib.contextmanager
-def loop_job(cluster: Cluster, tmp_path: Path, *args: str) -> Iterator[tuple[subprocess.Popen[str], Path]]:
-    """A job of 3 hosts x 2 ranks calling allreduce in a loop, once every rank runs. Whatever of it
-    is left when the test ends (a failed test) is killed: the launcher and the ranks on every host."""
+def loop_job(
+    cluster: Cluster, tmp_path: Path, *args: str, code: str = LOOP
+) -> Iterator[tuple[subprocess.Popen[str], Path]]:
+    """A job of 3 hosts x 2 ranks running ``code`` (allreduce in a loop), once it runs: ``code``
+    creates the file named by its first argument. Whatever of it is left when the test ends (a
+    failed test) is killed: the launcher and the ranks on every host."""
     script = tmp_path / "loop.py"
-    script.write_text(LOOP)
+    script.write_text(code)
     started = tmp_path / "started"
     argv = launch_argv(cluster, HOSTS, tmp_path, *args, "--", str(script), str(started))
     proc = subprocess.Popen(argv, env=env(cluster), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -222,7 +229,7 @@ def test_cut_link_ends_the_job_naming_the_host(cluster: Cluster, tmp_path: Path)
         assert proc.returncode != 0
         # Which survivors name which of the two depends on the algorithm (a ring waits for its
         # neighbours only), so the summary may name them in one group or in two.
-        summary = next(line for line in err.splitlines() if " failed: " in line)
+        summary = next(ln for ln in err.splitlines() if ln.startswith("tnt-launch: job ") and " failed: " in ln)
         blame = summary.split(" failed: ", 1)[1]
         assert re.match(r"rank [23](, rank [23])? on host 198\.18\.0\.2 made no progress", blame), summary
         assert "rank 2" in blame and "rank 3" in blame, summary
@@ -237,6 +244,48 @@ def registry(cluster: Cluster, host: int) -> list[str]:
     """The entries of the tnt-launch job registry of ``host`` (each host has its own)."""
     folder = cluster.path(host, f"/tmp/tnt-launch-{os.getuid()}")
     return sorted(f for f in os.listdir(folder) if f.endswith(".json"))
+
+
+FIT = (
+    TRAIN.split("serial = build()")[0]
+    + r"""
+import sys
+
+
+class Started(keras.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == 3 and tnt_comm.rank() == 0:
+            open(sys.argv[1], "w").close()
+
+
+model = tnt.Model(build())
+model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+model.fit(x, y, batch_size=24, epochs=1_000_000, verbose=0, callbacks=[Started()])
+"""
+)
+
+
+@pytest.mark.timeout(180)
+def test_cut_link_mid_fit_ends_the_job(cluster: Cluster, tmp_path: Path) -> None:
+    """The same cut while 6 ranks train a Keras model. The survivors' ranks take longer to exit
+    than plain tnt-comm ranks: after the error, TensorFlow's teardown of the tf.data iterator waits
+    for its autotuning thread (about 5 s here), so the job ends about 12 s after the cut, not 6."""
+    shm_before = tnt_shm(cluster)
+    with loop_job(cluster, tmp_path, "--timeout", "2", code=FIT) as (proc, script):
+        try:
+            cut = time.monotonic()
+            cluster.cut(1)
+            _, err = proc.communicate(timeout=90)
+            took = time.monotonic() - cut
+        finally:
+            cluster.reconnect(1)
+        assert proc.returncode != 0
+        summary = next(ln for ln in err.splitlines() if ln.startswith("tnt-launch: job ") and " failed: " in ln)
+        assert "on host 198.18.0.2 made no progress" in summary, summary
+        assert "host 198.18.0.2 stopped answering during the job" in err, err[-3000:]
+        print(f"the job ended {took:.1f} s after the cut")
+        assert took < 15, f"the job took {took:.1f} s to end after the cut:\n{err[-3000:]}"
+        assert_gone(cluster, str(script), shm_before, within=30)
 
 
 @pytest.mark.timeout(120)
