@@ -227,12 +227,10 @@ def test_cut_link_ends_the_job_naming_the_host(cluster: Cluster, tmp_path: Path)
         finally:
             cluster.reconnect(1)
         assert proc.returncode != 0
-        # Which survivors name which of the two depends on the algorithm (a ring waits for its
-        # neighbours only), so the summary may name them in one group or in two.
+        # The summary leads with the host (which survivors' timeouts name which of its ranks depends
+        # on the algorithm and on who times out first).
         summary = next(ln for ln in err.splitlines() if ln.startswith("tnt-launch: job ") and " failed: " in ln)
-        blame = summary.split(" failed: ", 1)[1]
-        assert re.match(r"rank [23](, rank [23])? on host 198\.18\.0\.2 made no progress", blame), summary
-        assert "rank 2" in blame and "rank 3" in blame, summary
+        assert " failed: host 198.18.0.2 stopped answering (rank 2, rank 3); " in summary, summary
         assert "host 198.18.0.2 stopped answering during the job (rank 2, rank 3 ran there)" in err, err
         print(f"the job ended {took:.1f} s after the cut")
         assert took < 10, f"the job took {took:.1f} s to end after the cut:\n{err}"
@@ -267,9 +265,9 @@ model.fit(x, y, batch_size=24, epochs=1_000_000, verbose=0, callbacks=[Started()
 
 @pytest.mark.timeout(180)
 def test_cut_link_mid_fit_ends_the_job(cluster: Cluster, tmp_path: Path) -> None:
-    """The same cut while 6 ranks train a Keras model. The survivors' ranks take longer to exit
-    than plain tnt-comm ranks: after the error, TensorFlow's teardown of the tf.data iterator waits
-    for its autotuning thread (about 5 s here), so the job ends about 12 s after the cut, not 6."""
+    """The same cut while 6 ranks train a Keras model. After the error TensorFlow's teardown keeps
+    a rank alive for seconds (the tf.data iterator waits for its autotuning thread), so tnt-launch
+    stops the job once a rank has printed a tnt-comm failure, not when it exits."""
     shm_before = tnt_shm(cluster)
     with loop_job(cluster, tmp_path, "--timeout", "2", code=FIT) as (proc, script):
         try:
@@ -281,10 +279,10 @@ def test_cut_link_mid_fit_ends_the_job(cluster: Cluster, tmp_path: Path) -> None
             cluster.reconnect(1)
         assert proc.returncode != 0
         summary = next(ln for ln in err.splitlines() if ln.startswith("tnt-launch: job ") and " failed: " in ln)
-        assert "on host 198.18.0.2 made no progress" in summary, summary
+        assert " failed: host 198.18.0.2 stopped answering (rank 2, rank 3); " in summary, summary
         assert "host 198.18.0.2 stopped answering during the job" in err, err[-3000:]
         print(f"the job ended {took:.1f} s after the cut")
-        assert took < 15, f"the job took {took:.1f} s to end after the cut:\n{err[-3000:]}"
+        assert took < 10, f"the job took {took:.1f} s to end after the cut:\n{err[-3000:]}"
         assert_gone(cluster, str(script), shm_before, within=30)
 
 

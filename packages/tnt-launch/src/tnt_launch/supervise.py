@@ -51,6 +51,11 @@ round trip) before it stops them anyway."""
 NO_PROGRESS = re.compile(r"made no progress: (rank \d+(?:, rank \d+)*)")
 """What tnt-comm's timeout message says about the ranks it waited for in vain."""
 _TIMED_OUT = re.compile(r"\btimed out\b")
+# The last line of a traceback of a tnt-comm failure (a dead or stalled peer, a mismatch): the rank
+# is about to exit with it. TensorFlow's teardown can take seconds after it, so the job is stopped
+# FATAL_GRACE_S after such a line even while the rank still runs.
+_FATAL = re.compile(r"^tnt_comm(\._core)?\.(Timeout|PeerFailure|CollectiveMismatch): ")
+FATAL_GRACE_S = 1.0
 STOPPED_REASON = "process stopped, e.g. by SIGSTOP or a debugger"
 
 
@@ -186,6 +191,8 @@ class _RankRun:
         self.named_no_progress: list[int] = []
         """Ranks that this rank's stderr said made no progress (tnt-comm's timeout message)."""
         self.timed_out = False
+        self.fatal_at: float | None = None
+        """When the rank printed a tnt-comm failure as the end of a traceback (see _FATAL)."""
         self.files: dict[str, BinaryIO] = {}
         self.streams: list[_Stream] = []
 
@@ -372,6 +379,8 @@ class Supervisor:
                         run.named_no_progress.append(rank)
             if not run.timed_out and _TIMED_OUT.search(text):
                 run.timed_out = True
+            if run.fatal_at is None and _FATAL.match(text):
+                run.fatal_at = time.monotonic()
         if self.config.output_on_all_devices:
             self.output.write(stream.name, self._prefix(run) + line)
 
@@ -449,7 +458,9 @@ class Supervisor:
     def _finish(self, run: _RankRun, status: RankStatus) -> None:
         run.status = status
         run.close_stdin()
-        if status.ok or self.stopping:
+        # A rank that reported a tnt-comm failure failed on its own, even if the job was being
+        # stopped (because of that report) when it exited.
+        if status.ok or (self.stopping and run.fatal_at is None):
             return
         run.failed_on_its_own = True
         if self.first_failure is None:
@@ -460,6 +471,23 @@ class Supervisor:
                 + (f" ({others} other rank(s) still running)" if others else "")
             )
             self._check_states()
+
+    def _check_fatal_reports(self, now: float) -> None:
+        """Starts stopping the job for a rank that printed a tnt-comm failure FATAL_GRACE_S ago
+        and has not exited yet (its exit status comes later, for the summary)."""
+        if self.first_failure is not None or self.stopping:
+            return
+        for run in self.runs:
+            if run.running and run.fatal_at is not None and now - run.fatal_at >= FATAL_GRACE_S:
+                self.first_failure = run
+                run.failed_on_its_own = True
+                others = sum(1 for r in self.runs if r.running and r is not run)
+                self._say(
+                    f"{self._where(run)} failed with a tnt-comm error and is exiting; stopping the job"
+                    + (f" ({others} other rank(s) still running)" if others else "")
+                )
+                self._check_states()
+                return
 
     # -- stopped ranks ----------------------------------------------------------------------
 
@@ -521,6 +549,7 @@ class Supervisor:
 
     def _check_deadlines(self) -> None:
         now = time.monotonic()
+        self._check_fatal_reports(now)
         if self.check_until is not None and (now >= self.check_until or self._states_known()):
             self._stop_all()
         if self.kill_at is not None and now >= self.kill_at:
@@ -629,6 +658,10 @@ class Supervisor:
     def _describe_failure(self, run: _RankRun) -> str:
         assert run.status is not None
         status = run.status
+        if run.fatal_at is not None and status.signal is not None and self.stopping:
+            # Stopped by us while it was exiting with the error it printed.
+            what = "timed out" if run.timed_out else "failed with a tnt-comm error"
+            return f"{what} (stopped by tnt-launch while exiting)"
         text = status.describe()
         if run.timed_out and status.error is None and status.signal is None:
             text += " after timing out"
@@ -678,12 +711,22 @@ class Supervisor:
         if failure is not None:
             assert failure.status is not None
             code = failure.status.exit_code
+            if failure.fatal_at is not None and failure.status.signal is not None:
+                code = 1  # it failed with an error; our SIGTERM only cut its teardown short
             groups = self._no_progress()
-            if groups:
+            # A host that stopped answering explains everything after it: it leads.
+            silent = [
+                f"host {host} stopped answering ({_ranks([r.spec.rank for r in self.silent if r.spec.host == host])})"
+                for host in self.silent_hosts
+            ]
+            if groups or silent:
                 # Lead with the ranks that held the others up: their failures follow from it.
                 blame = "; ".join(
-                    f"{_ranks(ranks)}{self._on_hosts(ranks)} made no progress ({reason})"
-                    for ranks, reason in groups
+                    silent
+                    + [
+                        f"{_ranks(ranks)}{self._on_hosts(ranks)} made no progress ({reason})"
+                        for ranks, reason in groups
+                    ]
                 )
                 self._say(
                     f"job {self.plan.job_id} failed: {blame}; rank {failure.spec.rank} "
