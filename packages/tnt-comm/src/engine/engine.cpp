@@ -93,7 +93,22 @@ void Engine::fail_all() {
     error = std::current_exception();
   }
   absorb_incoming();
-  for (auto& op : active_) op->finish(error);
+  // What a peer sent before it died has landed (in our segment, or through the receiver before
+  // it saw the connection close): an operation that has everything it needs still completes,
+  // in order, so a rank does not fail a call its peer finished. The first that cannot stops this.
+  for (auto& op : active_) {
+    bool done = false;
+    try {
+      done = op->progress() == Operation::Progress::done;
+    } catch (...) {
+      done = false;
+    }
+    if (!done) break;
+    op->finish(nullptr);
+  }
+  for (auto& op : active_) {
+    if (!op->completed()) op->finish(error);
+  }
   active_.clear();
 }
 
