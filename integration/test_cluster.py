@@ -213,19 +213,25 @@ def test_rank_killed_on_another_host_ends_the_job(cluster: Cluster, tmp_path: Pa
         assert_gone(cluster, str(script), shm_before, within=10)
 
 
+def cut_host_1(cluster: Cluster, proc: subprocess.Popen[str], timeout: float) -> tuple[str, float]:
+    """Cuts host 1's link, waits for the job to end, reconnects the host; the job's stderr and
+    the seconds from the cut to the end."""
+    try:
+        cut = time.monotonic()
+        cluster.cut(1)
+        _, err = proc.communicate(timeout=timeout)
+        return err, time.monotonic() - cut
+    finally:
+        cluster.reconnect(1)
+
+
 @pytest.mark.timeout(120)
 def test_cut_link_ends_the_job_naming_the_host(cluster: Cluster, tmp_path: Path) -> None:
     """Host 1 loses its link mid-job: no packet and no reset arrive any more. With a stall timeout of
     2 s the job ends within 10 s, and the summary names the ranks and the host."""
     shm_before = tnt_shm(cluster)
     with loop_job(cluster, tmp_path, "--timeout", "2") as (proc, script):
-        try:
-            cut = time.monotonic()
-            cluster.cut(1)
-            _, err = proc.communicate(timeout=60)
-            took = time.monotonic() - cut
-        finally:
-            cluster.reconnect(1)
+        err, took = cut_host_1(cluster, proc, timeout=60)
         assert proc.returncode != 0
         # The summary leads with the host (which survivors' timeouts name which of its ranks depends
         # on the algorithm and on who times out first).
@@ -270,13 +276,7 @@ def test_cut_link_mid_fit_ends_the_job(cluster: Cluster, tmp_path: Path) -> None
     stops the job once a rank has printed a tnt-comm failure, not when it exits."""
     shm_before = tnt_shm(cluster)
     with loop_job(cluster, tmp_path, "--timeout", "2", code=FIT) as (proc, script):
-        try:
-            cut = time.monotonic()
-            cluster.cut(1)
-            _, err = proc.communicate(timeout=90)
-            took = time.monotonic() - cut
-        finally:
-            cluster.reconnect(1)
+        err, took = cut_host_1(cluster, proc, timeout=90)
         assert proc.returncode != 0
         summary = next(ln for ln in err.splitlines() if ln.startswith("tnt-launch: job ") and " failed: " in ln)
         assert " failed: host 198.18.0.2 stopped answering (rank 2, rank 3); " in summary, summary

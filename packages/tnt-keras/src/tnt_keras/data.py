@@ -10,6 +10,7 @@ whenever the last batch is partial.) A partial last batch of fewer than ``N`` sa
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -63,11 +64,9 @@ def find_batch(ds: tf.data.Dataset) -> tf.data.Dataset | None:
     return None
 
 
-def batched_upstream(ds: tf.data.Dataset) -> bool:
-    """Whether a batch transformation feeds ``ds`` through zips, concatenations and element-wise
-    transformations only: its elements are then batches, though ``find_batch`` (one input at a
-    time) cannot tell. Other transformations (unbatch, flat_map, interleave, ...) may change what
-    an element is, so the search stops there."""
+def _upstream(ds: tf.data.Dataset, through: Callable[[str], bool] | None = None) -> Iterator[tf.data.Dataset]:
+    """``ds`` and every dataset it reads, each once; only the inputs of those whose type name
+    ``through`` accepts are followed (all, without it)."""
     seen: set[int] = set()
     stack = [ds]
     while stack:
@@ -75,12 +74,18 @@ def batched_upstream(ds: tf.data.Dataset) -> bool:
         if id(d) in seen:
             continue
         seen.add(id(d))
-        name = type(d).__name__
-        if name in _BATCH:
-            return True
-        if name in _ELEMENTWISE or name in ("_ZipDataset", "_ConcatenateDataset"):
+        yield d
+        if through is None or through(type(d).__name__):
             stack.extend(_inputs(d))
-    return False
+
+
+def batched_upstream(ds: tf.data.Dataset) -> bool:
+    """Whether a batch transformation feeds ``ds`` through zips, concatenations and element-wise
+    transformations only: its elements are then batches, though ``find_batch`` (one input at a
+    time) cannot tell. Other transformations (unbatch, flat_map, interleave, ...) may change what
+    an element is, so the search stops there."""
+    keeps_elements = _ELEMENTWISE + ("_ZipDataset", "_ConcatenateDataset")
+    return any(type(d).__name__ in _BATCH for d in _upstream(ds, keeps_elements.__contains__))
 
 
 def static_batch_size(ds: tf.data.Dataset) -> int | None:
@@ -99,20 +104,13 @@ def _unseeded(shuffle: tf.data.Dataset) -> bool:
 
 def check_seeded_shuffles(ds: tf.data.Dataset) -> None:
     """Raises if ``ds`` shuffles without a seed (made before ``import tnt_keras`` patched shuffle)."""
-    seen: set[int] = set()
-    stack = [ds]
-    while stack:
-        d = stack.pop()
-        if id(d) in seen:
-            continue
-        seen.add(id(d))
+    for d in _upstream(ds):
         if type(d).__name__ == "_ShuffleDataset" and _unseeded(d):
             raise ValueError(
                 "tnt: the dataset is shuffled without a seed, so every rank would draw a different order. "
                 "Pass a seed (ds.shuffle(n, seed=42)) or import tnt_keras before building the dataset: it then "
                 f"gives unseeded shuffles the fixed seed {DEFAULT_SHUFFLE_SEED}."
             )
-        stack.extend(_inputs(d))
 
 
 def default_shuffle_seed() -> int:

@@ -153,6 +153,16 @@ std::int32_t OpCode(const std::string& op) {
   return -1;
 }
 
+// Hands `p`'s allreduce to the engine; a start that fails deletes p (the callback will not run and
+// nobody else knows it) and fails the kernel.
+void Submit(OpKernelContext* ctx, const tnt_comm_api_v1* api, Pending* p, const void* src, void* dst,
+            std::uint64_t count, std::int32_t dtype, std::int32_t op) {
+  if (api->allreduce_async(src, dst, count, dtype, op, &OnDone, p) == 0) return;
+  const std::string message = api->last_error();
+  delete p;
+  ctx->CtxFailure(absl::InternalError(absl::StrCat("tnt_comm allreduce could not start: ", message)));
+}
+
 class AllreduceStartOp : public OpKernel {
  public:
   explicit AllreduceStartOp(OpKernelConstruction* c) : OpKernel(c) {
@@ -183,15 +193,8 @@ class AllreduceStartOp : public OpKernel {
     p->input = input;
     p->output = *output;
     handle->scalar<std::int64_t>()() = reinterpret_cast<std::intptr_t>(p);
-    const auto count = static_cast<std::uint64_t>(input.NumElements());
-    const int rc =
-        api->allreduce_async(input.data(), output->data(), count, dtype_, op_, &OnDone, p);
-    if (rc != 0) {  // not started: the callback will not run, nobody else knows p
-      const std::string message = api->last_error();
-      delete p;
-      ctx->CtxFailure(
-          absl::InternalError(absl::StrCat("tnt_comm allreduce could not start: ", message)));
-    }
+    Submit(ctx, api, p, input.data(), output->data(), static_cast<std::uint64_t>(input.NumElements()),
+           dtype_, op_);
   }
 
  private:
@@ -292,14 +295,7 @@ class FusedSumStartOp : public OpKernel {
     p->offsets = std::move(offsets);
     p->shapes = std::move(shapes);
     handle->scalar<std::int64_t>()() = reinterpret_cast<std::intptr_t>(p);
-    const int rc = api->allreduce_async(output->data(), output->data(),
-                                        static_cast<std::uint64_t>(total), dtype_, 0, &OnDone, p);
-    if (rc != 0) {  // not started: the callback will not run, nobody else knows p
-      const std::string message = api->last_error();
-      delete p;
-      ctx->CtxFailure(
-          absl::InternalError(absl::StrCat("tnt_comm allreduce could not start: ", message)));
-    }
+    Submit(ctx, api, p, output->data(), output->data(), static_cast<std::uint64_t>(total), dtype_, 0);
   }
 
  private:
