@@ -11,6 +11,7 @@
 
 #include "tnt_comm/c_api.h"
 #include "tnt_comm/tnt_comm.hpp"
+#include "transport/gpi2.hpp"
 
 namespace py = pybind11;
 using tnt::DType;
@@ -147,8 +148,18 @@ PYBIND11_MODULE(_core, m) {
   // What this build was compiled with; needs no running job.
   m.def("build_info", [] {
     py::dict d;
-    d["transports"] = std::vector<std::string>{"shm", "tcp"};
-    d["gpi2"] = py::none();  // no GPI-2 transport in this build (TNT_TRANSPORT=gpi2 is refused)
+    const tnt::Gpi2Build gpi2 = tnt::gpi2_build();
+    if (gpi2.version.empty()) {
+      d["transports"] = std::vector<std::string>{"shm", "tcp"};
+      d["gpi2"] = py::none();  // no GPI-2 transport in this build (TNT_TRANSPORT=gpi2 is refused)
+    } else {
+      d["transports"] = std::vector<std::string>{"shm", "tcp", "gpi2"};
+      py::dict g;
+      g["version"] = gpi2.version;
+      g["prefix"] = gpi2.prefix;
+      g["network"] = gpi2.network;
+      d["gpi2"] = g;
+    }
 #if defined(__clang__)
     d["compiler"] = std::string("clang ") + __clang_version__;
 #elif defined(__GNUC__)

@@ -9,6 +9,7 @@
 #include "collectives/channel.hpp"
 #include "engine/engine.hpp"
 #include "transport/fabric.hpp"
+#include "transport/gpi2.hpp"
 
 namespace tnt {
 namespace {
@@ -88,12 +89,14 @@ Identity Identity::from_environment() {
     }
   }
   if (const char* t = env("TNT_TRANSPORT")) id.transport = t;
-  if (id.transport == "gpi2") {
-    throw InvalidArgument("TNT_TRANSPORT=gpi2: this build of tnt-comm has no GPI-2 transport; use "
-                          "auto, shm or tcp");
+  const bool have_gpi2 = !gpi2_build().version.empty();
+  if (id.transport == "gpi2" && !have_gpi2) {
+    throw InvalidArgument("TNT_TRANSPORT=gpi2: this build of tnt-comm has no GPI-2 transport (build "
+                          "it with GPI2_ROOT set, see docs/comm.md); use auto, shm or tcp");
   }
-  if (id.transport != "auto" && id.transport != "shm" && id.transport != "tcp") {
-    throw InvalidArgument("TNT_TRANSPORT=" + id.transport + " is not one of auto, shm, tcp");
+  if (id.transport != "auto" && id.transport != "shm" && id.transport != "tcp" && id.transport != "gpi2") {
+    throw InvalidArgument("TNT_TRANSPORT=" + id.transport + " is not one of auto, shm, tcp" +
+                          (have_gpi2 ? ", gpi2" : ""));
   }
   return id;
 }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tnt_comm
+from ranks import GPI2
 
 CONSUMER_CMAKE = """
 cmake_minimum_required(VERSION 3.18)
@@ -111,7 +113,13 @@ def test_build_info_says_what_this_build_has() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     info = json.loads(done.stdout)
-    assert info["transports"] == ["shm", "tcp"] and info["gpi2"] is None
+    if info["gpi2"] is None:
+        assert info["transports"] == ["shm", "tcp"] and not GPI2
+    else:
+        assert info["transports"] == ["shm", "tcp", "gpi2"]
+        assert re.fullmatch(r"\d+\.\d+\.\d+", info["gpi2"]["version"]), info["gpi2"]
+        assert Path(info["gpi2"]["prefix"], "include", "GASPI.h").is_file(), info["gpi2"]
+        assert info["gpi2"]["network"] in ("ethernet", "infiniband", "roce", "ofi"), info["gpi2"]
     assert info["version"] == tnt_comm.__version__
     assert Path(info["path"], "__init__.py").is_file()
     assert info["compiler"].split()[0] in ("GCC", "clang") and info["cxx_standard"] >= 201703

@@ -162,6 +162,7 @@ Fabric::~Fabric() {
 
 void Fabric::rendezvous(const Identity& id) {
   const Deadline deadline = deadline_after(id.timeout_s);
+  const Deadline rendezvous_deadline = deadline;
   std::unique_ptr<StoreServer> server;
   if (rank_ == 0) server = std::make_unique<StoreServer>(id.master_addr, id.master_port, id.token);
   StoreClient store(id.master_addr, id.master_port, id.token, deadline);
@@ -214,8 +215,10 @@ void Fabric::rendezvous(const Identity& id) {
     peers_[static_cast<std::size_t>(r)]->sock = std::move(higher[static_cast<std::size_t>(r)]);
   }
 
-  // 3. Choose each pair's transport and set up our segment.
+  // 3. Choose each pair's transport and set up our segment: shared memory within a host (unless
+  //    tcp is forced), GPI-2 between hosts where asked for, TCP otherwise.
   std::vector<bool> same_host(static_cast<std::size_t>(size_), false);
+  std::vector<int> gpi2_peers;
   bool any_shm = false;
   for (int r = 0; r < size_; ++r) {
     auto i = static_cast<std::size_t>(r);
@@ -226,6 +229,7 @@ void Fabric::rendezvous(const Identity& id) {
     }
     same_host[i] = r != rank_ && local && id.transport != "tcp";
     any_shm = any_shm || same_host[i];
+    if (r != rank_ && !local && id.transport == "gpi2") gpi2_peers.push_back(r);
   }
   segment_.layout.world = size_;
   segment_.layout.slots = kSlots;
@@ -236,6 +240,27 @@ void Fabric::rendezvous(const Identity& id) {
                     : MappedMemory::anonymous(bytes);
   segment_.base = memory_.data();
   store.set(prefix + "segment/" + std::to_string(rank_), "ready");
+#ifdef TNT_COMM_HAVE_GPI2
+  if (id.transport == "gpi2") {
+    // Every rank starts GPI-2 (it meets all ranks of its machinefile), even one with no peer on
+    // another host. Connections go from higher to lower ranks, as GPI-2's own static topology.
+    // GPI-2 takes seconds to start on a loaded host, so it gets at least 30 s whatever TNT_TIMEOUT_S.
+    const Deadline deadline = std::max(rendezvous_deadline, deadline_after(30.0));
+    gpi2_ = std::make_unique<Gpi2Wire>(rank_, size_, id.local_size, segment_, deadline);
+    for (int r : gpi2_peers) {
+      if (r < rank_) gpi2_->connect(r, deadline);
+    }
+    store.set(prefix + "gpi2-connected/" + std::to_string(rank_), "1");
+    for (int r : gpi2_peers) {
+      if (r > rank_) store.get(prefix + "gpi2-connected/" + std::to_string(r), deadline);
+    }
+    for (int r : gpi2_peers) gpi2_->register_segment(r, deadline);
+    store.set(prefix + "gpi2-registered/" + std::to_string(rank_), "1");
+    for (int r : gpi2_peers) store.get(prefix + "gpi2-registered/" + std::to_string(r), deadline);
+    for (int r : gpi2_peers) peers_[static_cast<std::size_t>(r)]->byes_due.store(2);
+    gpi2_->start([this](int r) { goodbye_from(*peers_[static_cast<std::size_t>(r)]); });
+  }
+#endif
 
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
@@ -244,6 +269,8 @@ void Fabric::rendezvous(const Identity& id) {
       store.get(prefix + "segment/" + std::to_string(r), deadline);
       peer.mapping = MappedMemory::open_shared(shm_name(r), bytes);
       peer.link = std::make_unique<ShmLink>(SegmentView{peer.mapping.data(), segment_.layout});
+    } else if (gpi2_) {
+      peer.link = gpi2_->link_to(r);
     } else {
       peer.link = std::make_unique<TcpLink>(peer.sock, peer.send_mutex);
     }
@@ -318,6 +345,13 @@ void Fabric::send_frame(Peer& peer, FrameHeader::Type type, const std::string& t
   } catch (const Error&) {
     // The peer is gone already; its failure is reported by the receiver.
   }
+}
+
+void Fabric::goodbye_from(Peer& peer) {
+  if (peer.byes_due.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  peer.departed.store(true, std::memory_order_release);
+  departures_.fetch_add(1, std::memory_order_acq_rel);
+  doorbell().ring();
 }
 
 bool Fabric::departed(int rank) const {
@@ -411,9 +445,7 @@ void Fabric::handle_frame(Peer& peer) {
     } else if (h.type == FrameHeader::bye) {
       // It finalized: it drained its work and will send nothing more. Waits for it now fail.
       peer.said_bye = true;
-      peer.departed.store(true, std::memory_order_release);
-      departures_.fetch_add(1, std::memory_order_acq_rel);
-      doorbell().ring();
+      goodbye_from(peer);
     } else if (h.type == FrameHeader::probe) {
       std::string answer = "?";
       {
@@ -453,6 +485,11 @@ void Fabric::shutdown() {
     tell_failure();
   } else {
     for (auto& peer : peers_) {
+#ifdef TNT_COMM_HAVE_GPI2
+      if (peer && gpi2_ && peer->link && std::strcmp(peer->link->kind(), "gpi2") == 0) {
+        gpi2_->say_bye(peer->rank);
+      }
+#endif
       if (peer && peer->sock.valid()) send_frame(*peer, FrameHeader::bye, "");
     }
   }
@@ -461,6 +498,12 @@ void Fabric::shutdown() {
     if (::write(wake_[1], &c, 1) < 0) { /* the thread also ends when all peers close */ }
     receiver_.join();
   }
+#ifdef TNT_COMM_HAVE_GPI2
+  if (gpi2_) {
+    gpi2_->stop();
+    memory_.keep_until_exit();  // GPI-2's threads, still running, know our segment
+  }
+#endif
 }
 
 }  // namespace tnt

@@ -1,5 +1,5 @@
-// The connected set of peers of this rank: its segment, one link per peer (shm or tcp, chosen per
-// pair), the TCP connection to every peer that also carries liveness, abort and goodbye messages,
+// The connected set of peers of this rank: its segment, one link per peer (shm, tcp or gpi2,
+// chosen per pair), the TCP connection to every peer that also carries liveness, abort and goodbye messages,
 // and the failure state every wait checks.
 #pragma once
 
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "tnt_comm/runtime.hpp"
+#include "transport/gpi2.hpp"
 #include "transport/link.hpp"
 #include "transport/segment.hpp"
 #include "transport/socket.hpp"
@@ -72,11 +73,15 @@ class Fabric {
     std::unique_ptr<Link> link;
     MappedMemory mapping;  // the peer's segment, for shm links
     bool said_bye = false;
+    // Goodbyes still to come before the peer counts as departed: one on TCP, one more through
+    // GPI-2 for a gpi2 link (it lands after the peer's last write; the TCP one may overtake it).
+    std::atomic<int> byes_due{1};
     bool closed = false;
     std::atomic<bool> departed{false};
   };
 
   void rendezvous(const Identity& identity);
+  void goodbye_from(Peer& peer);
   void receive_loop();
   void handle_frame(Peer& peer);
   void send_frame(Peer& peer, FrameHeader::Type type, const std::string& text);
@@ -88,6 +93,7 @@ class Fabric {
   std::vector<int> nodes_;  // node rank of every world rank, from the rendezvous
   MappedMemory memory_;
   SegmentView segment_;
+  std::unique_ptr<Gpi2Wire> gpi2_;  // GPI-2 between hosts, when TNT_TRANSPORT=gpi2
   std::vector<std::unique_ptr<Peer>> peers_;  // indexed by world rank; our own entry is empty
   std::thread receiver_;
   int wake_[2] = {-1, -1};

@@ -45,6 +45,12 @@ void MappedMemory::unlink() {
   owned_name_.clear();
 }
 
+void MappedMemory::keep_until_exit() {
+  unlink();
+  data_ = nullptr;
+  size_ = 0;
+}
+
 MappedMemory MappedMemory::create_shared(const std::string& name, std::size_t bytes) {
   int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) {

@@ -73,6 +73,9 @@ class MappedMemory {
   std::byte* data() const { return data_; }
   std::size_t size() const { return size_; }
   void unlink();
+  // Unlinks the name but keeps the memory mapped until the process ends: for memory a library we
+  // cannot stop cleanly (GPI-2) may still write into.
+  void keep_until_exit();
 
  private:
   std::byte* data_ = nullptr;

@@ -1,0 +1,300 @@
+#include "transport/gpi2.hpp"
+
+#ifdef TNT_COMM_HAVE_GPI2
+#include <GASPI.h>
+#include <GPI2_VERSION.h>
+#include <sched.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+
+// GPI-2 1.6's gaspi_config_set does not take the Ethernet device's port, so it is set in GPI-2's
+// exported configuration, as gaspi_config_set would, before gaspi_proc_init reads it.
+extern "C" gaspi_config_t glb_gaspi_cfg;
+#endif
+
+namespace tnt {
+
+#ifndef TNT_COMM_HAVE_GPI2
+
+Gpi2Build gpi2_build() { return {}; }
+
+Gpi2Wire::~Gpi2Wire() = default;
+
+#else
+
+Gpi2Build gpi2_build() {
+  Gpi2Build out;
+  out.version = std::to_string(GASPI_MAJOR_VERSION) + "." + std::to_string(GASPI_MINOR_VERSION) + "." +
+                std::to_string(GASPI_REVISION);
+  out.prefix = TNT_COMM_GPI2_PREFIX;
+  gaspi_config_t config;
+  if (gaspi_config_get(&config) == GASPI_SUCCESS) {
+    switch (config.network) {
+      case GASPI_IB: out.network = "infiniband"; break;
+      case GASPI_ROCE: out.network = "roce"; break;
+      case GASPI_ETHERNET: out.network = "ethernet"; break;
+      case GASPI_OFI: out.network = "ofi"; break;
+      default: out.network = "other"; break;
+    }
+  }
+  return out;
+}
+
+namespace {
+
+constexpr gaspi_segment_id_t kSegment = 0;  // our segment, the one peers write into
+constexpr gaspi_segment_id_t kStaging = 1;  // local source of every write
+constexpr gaspi_queue_id_t kQueue = 0;
+
+// GPI-2 notifications are nonzero 32-bit values; ours are 64-bit counts that only grow by less
+// than 2^30 between two polls. The low 31 bits travel, with the top bit set so the value is never
+// 0, and the receiver adds the difference to what it has seen.
+constexpr std::uint32_t kTopBit = 0x80000000u;
+constexpr std::uint64_t kLowMask = 0x7fffffffu;
+
+gaspi_timeout_t ms_left(Deadline deadline) {
+  const double s = seconds_left(deadline);
+  if (s <= 0) return GASPI_TEST;
+  if (s > 1e9) return GASPI_BLOCK - 1;
+  return static_cast<gaspi_timeout_t>(s * 1000.0) + 1;
+}
+
+// A timeout of one post or queue wait: long enough for a loaded host, short of a hang.
+constexpr gaspi_timeout_t kPostMs = 10000;
+
+const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return (v != nullptr && *v != '\0') ? v : nullptr;
+}
+
+void check_environment(int rank, int size) {
+  const char* missing = nullptr;
+  for (const char* name : {"GASPI_MFILE", "GASPI_RANK", "GASPI_SOCKET", "GASPI_NRANKS"}) {
+    if (env(name) == nullptr) missing = name;
+  }
+  if (missing != nullptr) {
+    throw InvalidArgument(std::string("TNT_TRANSPORT=gpi2 needs ") + missing +
+                          " (and GASPI_MFILE, GASPI_RANK, GASPI_SOCKET, GASPI_NRANKS): start the "
+                          "job with tnt-launch --transport gpi2, which sets them");
+  }
+  if (std::atoi(env("GASPI_RANK")) != rank || std::atoi(env("GASPI_NRANKS")) != size) {
+    throw InvalidArgument(std::string("GASPI_RANK=") + env("GASPI_RANK") + " GASPI_NRANKS=" +
+                          env("GASPI_NRANKS") + " disagree with TNT_RANK=" + std::to_string(rank) +
+                          " TNT_SIZE=" + std::to_string(size) + ": both must describe this rank");
+  }
+}
+
+void check(gaspi_return_t ret, const std::string& what) {
+  if (ret == GASPI_SUCCESS) return;
+  if (ret == GASPI_TIMEOUT) throw Timeout("gpi2: " + what + " timed out");
+  throw Error("gpi2: " + what + " failed (GPI-2 error " + std::to_string(static_cast<int>(ret)) + ")");
+}
+
+// Moves GPI-2's ports to this job's own range (TNT_GPI2_PORT_BASE, set per job by tnt-launch):
+// the service network listens at base+socket and base+256+socket, the Ethernet device at
+// base+512+socket (socket: the rank's index among the ranks of its host).
+void configure() {
+  gaspi_config_t config;
+  check(gaspi_config_get(&config), "reading the configuration");
+  config.logger = 0;
+  config.build_infrastructure = GASPI_TOPOLOGY_NONE;  // we connect to the peers we need
+  if (const char* base = env("TNT_GPI2_PORT_BASE")) {
+    char* end = nullptr;
+    const long b = std::strtol(base, &end, 10);
+    if (*end != '\0' || b < 1024 || b > 65535 - 1024) {
+      throw InvalidArgument(std::string("TNT_GPI2_PORT_BASE=") + base +
+                            " is not a port in [1024, 64511] (the job uses 1024 ports above it)");
+    }
+    config.sn_port = static_cast<gaspi_uint>(b);
+  }
+  check(gaspi_config_set(config), "setting the configuration");
+  if (const char* base = env("TNT_GPI2_PORT_BASE")) {
+    if (config.network == GASPI_ETHERNET) {
+      glb_gaspi_cfg.dev_config.params.tcp.port = static_cast<gaspi_uint>(std::strtol(base, nullptr, 10) + 512);
+    }
+  }
+}
+
+}  // namespace
+
+Gpi2Wire::Gpi2Wire(int rank, int size, int local_size, SegmentView mine, Deadline deadline)
+    : rank_(rank), mine_(mine), seen_(mine.layout.notes() + static_cast<std::size_t>(size), 0) {
+  cpu_set_t cpus;
+  oversubscribed_ = sched_getaffinity(0, sizeof cpus, &cpus) == 0 && local_size > CPU_COUNT(&cpus);
+  check_environment(rank, size);
+  configure();
+  const gaspi_return_t init = gaspi_proc_init(ms_left(deadline));
+  if (init == GASPI_ERR_INITED) {
+    throw Error("gpi2: GPI-2 was already started in this process; it starts once per process, so "
+                "run each job in a new process");
+  }
+  if (init == GASPI_TIMEOUT) {
+    throw Timeout("gpi2: GPI-2 did not start: not every rank joined within the timeout (is the "
+                  "port range of TNT_GPI2_PORT_BASE free on every host? raise TNT_TIMEOUT_S if "
+                  "ranks start slowly)");
+  }
+  if (init == GASPI_ERR_DEVICE || init == GASPI_ERR_SN) {
+    throw Error("gpi2: GPI-2 could not open its ports (another job or connection holds them): give "
+                "each job its own TNT_GPI2_PORT_BASE, below the ephemeral ports (tnt-launch does)");
+  }
+  check(init, "starting GPI-2 (GASPI_MFILE=" + std::string(env("GASPI_MFILE")) + ")");
+  staging_per_peer_ = static_cast<std::size_t>(mine.layout.slots) * mine.layout.slot_bytes;
+  staging_ = MappedMemory::anonymous(staging_per_peer_ * static_cast<std::size_t>(size));
+  check(gaspi_segment_bind(kSegment, mine.base, mine.layout.total(), 0), "registering the segment");
+  check(gaspi_segment_bind(kStaging, staging_.data(), staging_.size(), 0), "registering the staging memory");
+}
+
+Gpi2Wire::~Gpi2Wire() {
+  try {
+    stop();
+  } catch (...) {
+    // Destructors do not throw; stop() only fails after a failure already reported.
+  }
+}
+
+void Gpi2Wire::connect(int peer, Deadline deadline) {
+  const auto r = static_cast<gaspi_rank_t>(peer);
+  check(gaspi_connect(r, ms_left(deadline)), "connecting to rank " + std::to_string(peer));
+}
+
+void Gpi2Wire::register_segment(int peer, Deadline deadline) {
+  const auto r = static_cast<gaspi_rank_t>(peer);
+  // Registration goes over GPI-2's service connections, which both sides may be opening to each
+  // other at once; a registration lost in that race fails at once and is tried again.
+  gaspi_return_t ret;
+  while ((ret = gaspi_segment_register(kSegment, r, ms_left(deadline))) == GASPI_ERROR &&
+         seconds_left(deadline) > 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  check(ret,
+        "giving rank " + std::to_string(peer) + " our segment");
+}
+
+void Gpi2Wire::start(std::function<void(int)> on_bye) {
+  on_bye_ = std::move(on_bye);
+  poller_ = std::thread([this] { poll_loop(); });
+}
+
+// Goodbyes use one notification id per source rank past ours: notes() + rank.
+void Gpi2Wire::say_bye(int peer) {
+  std::lock_guard<std::mutex> lock(post_mutex_);
+  const auto id = static_cast<gaspi_notification_id_t>(mine_.layout.notes() + static_cast<std::uint32_t>(rank_));
+  gaspi_notify(kSegment, static_cast<gaspi_rank_t>(peer), id, 1, kQueue, kPostMs);
+  gaspi_wait(kQueue, kPostMs);
+}
+
+std::unique_ptr<Link> Gpi2Wire::link_to(int peer) { return std::make_unique<Gpi2Link>(*this, peer); }
+
+void Gpi2Wire::write_notify(int peer, std::size_t offset, const Piece* pieces, int count,
+                            std::uint32_t note, std::uint64_t value) {
+  const auto r = static_cast<gaspi_rank_t>(peer);
+  const auto encoded = static_cast<gaspi_notification_t>((value & kLowMask) | kTopBit);
+  std::size_t bytes = 0;
+  for (int i = 0; i < count; ++i) bytes += pieces[i].bytes;
+  std::lock_guard<std::mutex> lock(post_mutex_);
+  gaspi_return_t ret;
+  while (true) {
+    if (bytes == 0) {
+      ret = gaspi_notify(kSegment, r, note, encoded, kQueue, kPostMs);
+    } else {
+      // Our messages land in the peer's slots for us; the same slot of our staging region for
+      // that peer is free again once the peer has acknowledged the message that used it last.
+      const std::size_t first = mine_.layout.slot_offset(rank_, 0);
+      if (offset < first || offset + bytes > first + staging_per_peer_) {
+        throw Error("gpi2: a write outside the slots of rank " + std::to_string(rank_));
+      }
+      const std::size_t local = static_cast<std::size_t>(peer) * staging_per_peer_ + (offset - first);
+      std::byte* dst = staging_.data() + local;
+      for (int i = 0; i < count; ++i) {
+        std::memcpy(dst, pieces[i].data, pieces[i].bytes);
+        dst += pieces[i].bytes;
+      }
+      ret = gaspi_write_notify(kStaging, local, r, kSegment, offset, bytes, note, encoded, kQueue, kPostMs);
+    }
+    if (ret != GASPI_QUEUE_FULL) break;
+    check(gaspi_wait(kQueue, kPostMs), "completing writes to free the queue");
+  }
+  check(ret, "writing to rank " + std::to_string(peer) + " (or its host cannot be reached)");
+  // Keep the queue from filling up: complete what was posted once it is half full.
+  gaspi_number_t used = 0, max = 0;
+  if (gaspi_queue_size(kQueue, &used) == GASPI_SUCCESS && gaspi_queue_size_max(&max) == GASPI_SUCCESS &&
+      used * 2 >= max) {
+    check(gaspi_wait(kQueue, kPostMs), "completing writes");
+  }
+}
+
+bool Gpi2Wire::poll_once() {
+  gaspi_notification_id_t first = 0;
+  const gaspi_number_t notes = mine_.layout.notes();
+  const auto all = static_cast<gaspi_number_t>(seen_.size());
+  if (gaspi_notify_waitsome(kSegment, 0, all, &first, GASPI_TEST) != GASPI_SUCCESS) return false;
+  bool any = false;
+  std::vector<int> byes;
+  for (gaspi_notification_id_t id = first; id < all; ++id) {
+    gaspi_notification_t got = 0;
+    if (gaspi_notify_reset(kSegment, id, &got) != GASPI_SUCCESS || got == 0) continue;
+    any = true;
+    if (id >= notes) {
+      byes.push_back(static_cast<int>(id - notes));
+      continue;
+    }
+    std::uint64_t& seen = seen_[id];
+    const std::uint64_t delta = ((got & kLowMask) - (seen & kLowMask)) & kLowMask;
+    // A value older than one already delivered (writes overtaking each other) changes nothing.
+    if (delta == 0 || delta > kLowMask / 2) continue;
+    seen += delta;
+    mine_.note(id)->store(seen, std::memory_order_release);
+  }
+  if (any) mine_.doorbell().ring();
+  if (!byes.empty()) {
+    // A peer's writes land before its goodbye, but may have been set after this pass read their
+    // ids: one more pass delivers them before the goodbye is passed on.
+    poll_once();
+    for (int peer : byes) on_bye_(peer);
+  }
+  return any;
+}
+
+// GPI-2 has no way to sleep until a notification lands, so the poller checks: back to back for
+// 2 ms after anything landed (yielding the core where ranks outnumber cores), every 50 us while a
+// driver sleeps waiting for data, and otherwise every 1 ms, or 5 ms once idle for 100 ms (an idle
+// job then costs about 0.1% of a core, and the first message after a pause up to 5 ms).
+void Gpi2Wire::poll_loop() {
+  using namespace std::chrono;
+  auto last = steady_clock::now();
+  while (!stopping_.load(std::memory_order_acquire)) {
+    if (poll_once()) {
+      last = steady_clock::now();
+      continue;
+    }
+    const auto idle = steady_clock::now() - last;
+    if (idle < milliseconds(2)) {
+      if (oversubscribed_) sched_yield();
+      continue;
+    }
+    const bool waited_on = mine_.sleepers()->load(std::memory_order_relaxed) != 0;
+    std::this_thread::sleep_for(waited_on ? microseconds(50) : idle < milliseconds(100) ? microseconds(1000)
+                                                                                        : microseconds(5000));
+  }
+}
+
+void Gpi2Wire::stop() {
+  if (stopped_) return;
+  stopped_ = true;
+  stopping_.store(true, std::memory_order_release);
+  if (poller_.joinable()) poller_.join();
+  {
+    std::lock_guard<std::mutex> lock(post_mutex_);
+    gaspi_wait(kQueue, 1000);
+  }
+  // No gaspi_proc_term: in GPI-2 1.6 it frees what its service thread still uses (that thread is
+  // told to stop but not joined), which crashed ranks at exit. GPI-2 runs on until the process
+  // ends, so the memory it may write into or read from stays mapped until then.
+  staging_.keep_until_exit();
+}
+
+#endif  // TNT_COMM_HAVE_GPI2
+
+}  // namespace tnt
