@@ -28,24 +28,6 @@ BETWEEN_HOSTS = "gpi2" if GPI2 else "tcp"
 ONE_HOST = "gpi2" if GPI2 else "shm"
 
 
-def free_gpi2_port_base(n: int) -> int:
-    """A base whose GPI-2 ports (base+i, base+256+i and base+512+i for n ranks) are free here now, below
-    the kernel's ephemeral ports (32768 and up), which any outgoing connection may take."""
-    rng = secrets.SystemRandom()
-    for _ in range(100):
-        base = rng.randrange(10240, 32768 - 1024, 1024)
-        try:
-            for offset in (0, 256, 512):
-                for i in range(n):
-                    with socket.socket() as s:
-                        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as GPI-2 binds
-                        s.bind(("0.0.0.0", base + offset + i))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no free port range for GPI-2")
-
-
 @dataclass
 class Result:
     rank: int
@@ -64,17 +46,8 @@ class Job:
         script.write_text(textwrap.dedent(code))
         port = free_port()
         token = secrets.token_hex(16)
-        gpi2: dict[str, str] = {}
         if GPI2:
             nodes = n if nodes == 1 else nodes
-            machinefile = tmp / f"machines_{self.job_id}"
-            machinefile.write_text("localhost\n" * n)
-            gpi2 = dict(
-                TNT_TRANSPORT="gpi2",
-                GASPI_MFILE=str(machinefile),
-                GASPI_NRANKS=str(n),
-                TNT_GPI2_PORT_BASE=str(free_gpi2_port_base(n)),
-            )
         per_node = -(-n // nodes)
         self.procs: list[subprocess.Popen[str]] = []
         for r in range(n):
@@ -91,8 +64,9 @@ class Job:
                 TNT_JOB_TOKEN=token,
                 PYTHONUNBUFFERED="1",
             )
-            if gpi2:
-                e.update(gpi2, GASPI_RANK=str(r), GASPI_SOCKET=str(r))
+            if GPI2:
+                # GASPI_* and GPI-2's ports follow from the rendezvous (tnt-comm derives them).
+                e["TNT_TRANSPORT"] = "gpi2"
             e.update(env or {})
             self.procs.append(
                 subprocess.Popen(

@@ -246,7 +246,13 @@ void Fabric::rendezvous(const Identity& id) {
     // another host. Connections go from higher to lower ranks, as GPI-2's own static topology.
     // GPI-2 takes seconds to start on a loaded host, so it gets at least 30 s whatever TNT_TIMEOUT_S.
     const Deadline deadline = std::max(rendezvous_deadline, deadline_after(30.0));
-    gpi2_ = std::make_unique<Gpi2Wire>(rank_, size_, id.local_size, segment_, deadline);
+    if (rank_ == 0 && std::getenv("TNT_GPI2_PORT_BASE") == nullptr) {
+      const int here = static_cast<int>(std::count(host.begin(), host.end(), host[0]));
+      store.set(prefix + "gpi2-port-base", std::to_string(gpi2_free_port_base(here)));
+    }
+    const std::string port_base =
+        std::getenv("TNT_GPI2_PORT_BASE") != nullptr ? "" : store.get(prefix + "gpi2-port-base", deadline);
+    gpi2_ = std::make_unique<Gpi2Wire>(rank_, size_, id.local_size, host, port_base, segment_, deadline);
     for (int r : gpi2_peers) {
       if (r < rank_) gpi2_->connect(r, deadline);
     }
@@ -269,8 +275,10 @@ void Fabric::rendezvous(const Identity& id) {
       store.get(prefix + "segment/" + std::to_string(r), deadline);
       peer.mapping = MappedMemory::open_shared(shm_name(r), bytes);
       peer.link = std::make_unique<ShmLink>(SegmentView{peer.mapping.data(), segment_.layout});
+#ifdef TNT_COMM_HAVE_GPI2
     } else if (gpi2_) {
       peer.link = gpi2_->link_to(r);
+#endif
     } else {
       peer.link = std::make_unique<TcpLink>(peer.sock, peer.send_mutex);
     }

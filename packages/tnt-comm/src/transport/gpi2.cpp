@@ -3,7 +3,13 @@
 #ifdef TNT_COMM_HAVE_GPI2
 #include <GASPI.h>
 #include <GPI2_VERSION.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sched.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include <chrono>
 #include <cstdlib>
@@ -69,21 +75,59 @@ const char* env(const char* name) {
   return (v != nullptr && *v != '\0') ? v : nullptr;
 }
 
-void check_environment(int rank, int size) {
-  const char* missing = nullptr;
-  for (const char* name : {"GASPI_MFILE", "GASPI_RANK", "GASPI_SOCKET", "GASPI_NRANKS"}) {
-    if (env(name) == nullptr) missing = name;
-  }
-  if (missing != nullptr) {
-    throw InvalidArgument(std::string("TNT_TRANSPORT=gpi2 needs ") + missing +
-                          " (and GASPI_MFILE, GASPI_RANK, GASPI_SOCKET, GASPI_NRANKS): start the "
-                          "job with tnt-launch --transport gpi2, which sets them");
+// GPI-2 reads its ranks and machinefile from GASPI_* variables. Where the launcher did not set
+// them, they follow from the rendezvous: every rank's host address, in rank order (GPI-2's socket
+// is a rank's index among the ranks of the same machinefile line). Only rank 0 reads the
+// machinefile, so only rank 0 writes one; it is removed once GPI-2 has started.
+std::string prepare_environment(int rank, int size, const std::vector<std::string>& hosts) {
+  const char* names[] = {"GASPI_MFILE", "GASPI_RANK", "GASPI_SOCKET", "GASPI_NRANKS"};
+  int set = 0;
+  for (const char* name : names) set += env(name) != nullptr;
+  std::string machinefile;
+  if (set == 0) {
+    int socket = 0;
+    for (int r = 0; r < rank; ++r) socket += hosts[static_cast<std::size_t>(r)] == hosts[static_cast<std::size_t>(rank)];
+    if (rank == 0) {
+      char path[] = "/tmp/tnt-gpi2-machines-XXXXXX";
+      const int fd = ::mkstemp(path);
+      if (fd < 0) throw Error(std::string("gpi2: cannot write a machinefile in /tmp: ") + std::strerror(errno));
+      std::string text;
+      for (const std::string& host : hosts) text += host + "\n";
+      const bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+      ::close(fd);
+      machinefile = path;
+      if (!written) {
+        ::unlink(path);
+        throw Error("gpi2: cannot write the machinefile " + machinefile);
+      }
+    }
+    ::setenv("GASPI_MFILE", rank == 0 ? machinefile.c_str() : "/dev/null", 1);
+    ::setenv("GASPI_RANK", std::to_string(rank).c_str(), 1);
+    ::setenv("GASPI_SOCKET", std::to_string(socket).c_str(), 1);
+    ::setenv("GASPI_NRANKS", std::to_string(size).c_str(), 1);
+  } else if (set != 4) {
+    throw InvalidArgument("TNT_TRANSPORT=gpi2 with only some of GASPI_MFILE, GASPI_RANK, GASPI_SOCKET, "
+                          "GASPI_NRANKS set: set all four, or none (tnt-comm then derives them)");
   }
   if (std::atoi(env("GASPI_RANK")) != rank || std::atoi(env("GASPI_NRANKS")) != size) {
     throw InvalidArgument(std::string("GASPI_RANK=") + env("GASPI_RANK") + " GASPI_NRANKS=" +
                           env("GASPI_NRANKS") + " disagree with TNT_RANK=" + std::to_string(rank) +
                           " TNT_SIZE=" + std::to_string(size) + ": both must describe this rank");
   }
+  return machinefile;
+}
+
+bool port_free(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  const int on = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);  // as GPI-2 binds
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  ::close(fd);
+  return ok;
 }
 
 void check(gaspi_return_t ret, const std::string& what) {
@@ -95,12 +139,12 @@ void check(gaspi_return_t ret, const std::string& what) {
 // Moves GPI-2's ports to this job's own range (TNT_GPI2_PORT_BASE, set per job by tnt-launch):
 // the service network listens at base+socket and base+256+socket, the Ethernet device at
 // base+512+socket (socket: the rank's index among the ranks of its host).
-void configure() {
+void configure(const char* base) {
   gaspi_config_t config;
   check(gaspi_config_get(&config), "reading the configuration");
   config.logger = 0;
   config.build_infrastructure = GASPI_TOPOLOGY_NONE;  // we connect to the peers we need
-  if (const char* base = env("TNT_GPI2_PORT_BASE")) {
+  if (base != nullptr) {
     char* end = nullptr;
     const long b = std::strtol(base, &end, 10);
     if (*end != '\0' || b < 1024 || b > 65535 - 1024) {
@@ -110,7 +154,7 @@ void configure() {
     config.sn_port = static_cast<gaspi_uint>(b);
   }
   check(gaspi_config_set(config), "setting the configuration");
-  if (const char* base = env("TNT_GPI2_PORT_BASE")) {
+  if (base != nullptr) {
     if (config.network == GASPI_ETHERNET) {
       glb_gaspi_cfg.dev_config.params.tcp.port = static_cast<gaspi_uint>(std::strtol(base, nullptr, 10) + 512);
     }
@@ -119,13 +163,30 @@ void configure() {
 
 }  // namespace
 
-Gpi2Wire::Gpi2Wire(int rank, int size, int local_size, SegmentView mine, Deadline deadline)
+int gpi2_free_port_base(int ranks) {
+  // Below the ephemeral ports (32768 and up), which any outgoing connection may take.
+  constexpr int kLow = 10240, kHigh = 32768 - 1024, kStep = 1024;
+  const int start = static_cast<int>(static_cast<unsigned>(::getpid()) % ((kHigh - kLow) / kStep));
+  for (int i = 0; i < (kHigh - kLow) / kStep; ++i) {
+    const int base = kLow + ((start + i) % ((kHigh - kLow) / kStep)) * kStep;
+    bool free = true;
+    for (int offset : {0, 256, 512}) {
+      for (int r = 0; r < ranks && free; ++r) free = port_free(base + offset + r);
+    }
+    if (free) return base;
+  }
+  throw Error("gpi2: no free range of 1024 ports between 10240 and 32767 for GPI-2 on this host");
+}
+
+Gpi2Wire::Gpi2Wire(int rank, int size, int local_size, const std::vector<std::string>& hosts,
+                   const std::string& port_base, SegmentView mine, Deadline deadline)
     : rank_(rank), mine_(mine), seen_(mine.layout.notes() + static_cast<std::size_t>(size), 0) {
   cpu_set_t cpus;
   oversubscribed_ = sched_getaffinity(0, sizeof cpus, &cpus) == 0 && local_size > CPU_COUNT(&cpus);
-  check_environment(rank, size);
-  configure();
+  const std::string machinefile = prepare_environment(rank, size, hosts);
+  configure(env("TNT_GPI2_PORT_BASE") != nullptr ? env("TNT_GPI2_PORT_BASE") : port_base.c_str());
   const gaspi_return_t init = gaspi_proc_init(ms_left(deadline));
+  if (!machinefile.empty()) ::unlink(machinefile.c_str());
   if (init == GASPI_ERR_INITED) {
     throw Error("gpi2: GPI-2 was already started in this process; it starts once per process, so "
                 "run each job in a new process");

@@ -28,14 +28,19 @@ struct Gpi2Build {
   std::string version, prefix, network;
 };
 Gpi2Build gpi2_build();
+// A base for GPI-2's ports free on this host for `ranks` ranks (used by rank 0 for the job).
+int gpi2_free_port_base(int ranks);
 
 // Declared in every build so the Fabric's layout never depends on the build; only a build with
 // GPI-2 defines more than its destructor.
 class Gpi2Wire {
  public:
-  // Starts GPI-2 in this process (every rank of the job must, GASPI_* set by the launcher) and
-  // registers `mine` as segment 0. GPI-2 can start once per process, as the runtime.
-  Gpi2Wire(int rank, int size, int local_size, SegmentView mine, Deadline deadline);
+  // Starts GPI-2 in this process (every rank of the job must) and registers `mine` as segment 0.
+  // GASPI_* variables the launcher did not set follow from `hosts` (every rank's address, from
+  // the rendezvous); GPI-2's ports start at TNT_GPI2_PORT_BASE, else at `port_base` (rank 0's
+  // choice, the same on every rank). GPI-2 can start once per process, as the runtime.
+  Gpi2Wire(int rank, int size, int local_size, const std::vector<std::string>& hosts,
+           const std::string& port_base, SegmentView mine, Deadline deadline);
   ~Gpi2Wire();
   Gpi2Wire(const Gpi2Wire&) = delete;
   Gpi2Wire& operator=(const Gpi2Wire&) = delete;

@@ -64,7 +64,7 @@ def report(out: TextIO) -> int:
     else:
         gpi2 = info.get("gpi2")
         gpi2_text = (
-            f"GPI-2 {gpi2.get('version')} from {gpi2.get('path')}"
+            f"GPI-2 {gpi2.get('version')} ({gpi2.get('network')}) from {gpi2.get('prefix')}"
             if isinstance(gpi2, dict)
             else "not built in (this build has no GPI-2 transport)"
         )
