@@ -1,4 +1,4 @@
-"""Allreduce across hosts with real link limits: tnt host-aware, tnt flat and Gloo, in one run.
+"""Allreduce across hosts with real link limits: tnt host-aware and flat over tcp and gpi2, and Gloo, in one run.
 
 Builds a cluster of network namespaces (``integration/netns_cluster.py``; needs root): HOSTS hosts,
 each with one veth link shaped by ``tc`` (default 1 Gbit/s each way; ``--delay`` adds netem's
@@ -37,6 +37,9 @@ from netns_cluster import Cluster, ClusterUnavailable, up  # noqa: E402
 CONFIGS = {  # name: (worker library, variables for every rank)
     "tnt host-aware": ("tnt", {}),
     "tnt flat": ("tnt", {"TNT_ALLREDUCE": "flat"}),
+    # GPI-2 (its Ethernet device) for every pair, hosts' own ranks included; needs a GPI-2 build.
+    "tnt host-aware gpi2": ("tnt", {"TNT_TRANSPORT": "gpi2"}),
+    "tnt flat gpi2": ("tnt", {"TNT_TRANSPORT": "gpi2", "TNT_ALLREDUCE": "flat"}),
     "Gloo": ("gloo", {"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"}),
 }
 ITERS = {1: (20, 2), 16: (6, 1), 64: (4, 1)}  # MiB: (timed iterations, warm-up) per pass
@@ -127,6 +130,13 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="write the measurements here")
     args = parser.parse_args()
     link = rate_bytes(args.rate)
+    if any("gpi2" in c for c in args.configs):
+        import tnt_comm
+
+        if "gpi2" not in tnt_comm.build_info()["transports"]:
+            print("cluster_allreduce: this tnt_comm has no GPI-2: leaving out the gpi2 configurations "
+                  "(build it with GPI2_ROOT set, docs/comm.md)", file=sys.stderr)
+            args.configs = [c for c in args.configs if "gpi2" not in c]
     try:
         cluster = up(args.hosts, rate=args.rate, delay=args.delay)
     except ClusterUnavailable as e:
@@ -170,7 +180,7 @@ def main() -> int:
     for r in [header, *rows]:
         print(" | ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)))
     if "tnt host-aware" in summary:
-        for other in ("tnt flat", "Gloo"):
+        for other in ("tnt flat", "Gloo", "tnt host-aware gpi2"):
             if other in summary:
                 ratios = ", ".join(
                     f"{s} MiB {summary['tnt host-aware'][s] / summary[other][s]:.2f}x" for s in args.sizes

@@ -1,6 +1,6 @@
 """Jobs on a cluster of network namespaces (``netns_cluster.py``): separate network stacks joined by
 a bridge, one sshd per host, tnt-launch started on host 0. Collectives and Keras training across
-hosts over tcp, and the failures a cluster has that one machine has not: a killed rank on another
+hosts over tcp and over gpi2, and the failures a cluster has that one machine has not: a killed rank on another
 host, a cut link, leftovers on every host."""
 
 from __future__ import annotations
@@ -21,6 +21,18 @@ from netns_cluster import Cluster, ClusterUnavailable, up
 ROOT = Path(__file__).resolve().parents[1]
 HOSTS = 3
 PER_HOST = 2
+# auto: shared memory within a host, TCP between hosts; gpi2: GPI-2 for every pair.
+TRANSPORTS = ["auto", "gpi2"]
+
+
+def transport_args(transport: str) -> tuple[str, ...]:
+    """tnt-launch's arguments for ``transport``; skips, saying why, where tnt_comm lacks it."""
+    if transport == "gpi2":
+        import tnt_comm
+
+        if "gpi2" not in tnt_comm.build_info()["transports"]:
+            pytest.skip("this tnt_comm has no GPI-2 transport: build it with GPI2_ROOT set (docs/comm.md)")
+    return ("--transport", transport)
 
 
 @pytest.fixture(scope="module")
@@ -83,10 +95,11 @@ import numpy as np, tnt_comm as tc
 
 r, n = tc.rank(), tc.size()
 local = int(__import__("os").environ["TNT_LOCAL_SIZE"])
+gpi2 = __import__("os").environ["TNT_TRANSPORT"] == "gpi2"
 kinds = tc.transports()
 for peer, kind in enumerate(kinds):
     same_host = peer // local == r // local
-    assert kind == ("self" if peer == r else "shm" if same_host else "tcp"), (r, kinds)
+    assert kind == ("self" if peer == r else "gpi2" if gpi2 else "shm" if same_host else "tcp"), (r, kinds)
 for dtype in (np.float32, np.float64, np.int64):
     for count in (1, 1000, 3 << 20):  # up to 24 MiB of float64: many frames on every link
         x = (np.arange(count) % 97 + r).astype(dtype)
@@ -106,11 +119,22 @@ print(f"OK rank {r} of {n}: {kinds}", flush=True)
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("hosts", [2, 3])
-def test_collectives_exact_across_hosts(cluster: Cluster, hosts: int, tmp_path: Path) -> None:
+def test_collectives_exact_across_hosts(cluster: Cluster, hosts: int, transport: str, tmp_path: Path) -> None:
     script = tmp_path / "collectives.py"
     script.write_text(COLLECTIVES)
-    argv = launch_argv(cluster, hosts, tmp_path, "--output-on-all-devices", "--timeout", "60", "--", str(script))
+    argv = launch_argv(
+        cluster,
+        hosts,
+        tmp_path,
+        *transport_args(transport),
+        "--output-on-all-devices",
+        "--timeout",
+        "60",
+        "--",
+        str(script),
+    )
     done = subprocess.run(argv, env=env(cluster), capture_output=True, text=True, timeout=150, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     n = hosts * PER_HOST
@@ -146,12 +170,25 @@ assert diff < 1e-6, diff
 
 
 @pytest.mark.timeout(400)
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("hosts", [2, 3])
-def test_keras_training_equals_serial_across_hosts(cluster: Cluster, hosts: int, tmp_path: Path) -> None:
+def test_keras_training_equals_serial_across_hosts(
+    cluster: Cluster, hosts: int, transport: str, tmp_path: Path
+) -> None:
     """2 and 3 hosts x 2 ranks train a global batch of 24 as one process does."""
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
-    argv = launch_argv(cluster, hosts, tmp_path, "--output-on-all-devices", "--timeout", "120", "--", str(script))
+    argv = launch_argv(
+        cluster,
+        hosts,
+        tmp_path,
+        *transport_args(transport),
+        "--output-on-all-devices",
+        "--timeout",
+        "120",
+        "--",
+        str(script),
+    )
     done = subprocess.run(argv, env=env(cluster), capture_output=True, text=True, timeout=380, check=False)
     assert done.returncode == 0, done.stdout + done.stderr[-4000:]
     assert len(re.findall(r"RESULT rank \d diff", done.stdout)) == hosts * PER_HOST, done.stdout
@@ -204,9 +241,11 @@ def loop_job(
 
 
 @pytest.mark.timeout(120)
-def test_rank_killed_on_another_host_ends_the_job(cluster: Cluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_rank_killed_on_another_host_ends_the_job(cluster: Cluster, transport: str, tmp_path: Path) -> None:
     shm_before = tnt_shm(cluster)
-    with loop_job(cluster, tmp_path, "--timeout", "30", "-x", "KILL_RANK=3") as (proc, script):
+    args = (*transport_args(transport), "--timeout", "30", "-x", "KILL_RANK=3")
+    with loop_job(cluster, tmp_path, *args) as (proc, script):
         _, err = proc.communicate(timeout=60)
         assert proc.returncode != 0
         assert "rank 3 (host 198.18.0.2, local rank 1) was killed by signal 9 (SIGKILL)" in err, err
@@ -226,11 +265,12 @@ def cut_host_1(cluster: Cluster, proc: subprocess.Popen[str], timeout: float) ->
 
 
 @pytest.mark.timeout(120)
-def test_cut_link_ends_the_job_naming_the_host(cluster: Cluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_cut_link_ends_the_job_naming_the_host(cluster: Cluster, transport: str, tmp_path: Path) -> None:
     """Host 1 loses its link mid-job: no packet and no reset arrive any more. With a stall timeout of
     2 s the job ends within 10 s, and the summary names the ranks and the host."""
     shm_before = tnt_shm(cluster)
-    with loop_job(cluster, tmp_path, "--timeout", "2") as (proc, script):
+    with loop_job(cluster, tmp_path, *transport_args(transport), "--timeout", "2") as (proc, script):
         err, took = cut_host_1(cluster, proc, timeout=60)
         assert proc.returncode != 0
         # The summary leads with the host (which survivors' timeouts name which of its ranks depends

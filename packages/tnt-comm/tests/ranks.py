@@ -46,8 +46,6 @@ class Job:
         script.write_text(textwrap.dedent(code))
         port = free_port()
         token = secrets.token_hex(16)
-        if GPI2:
-            nodes = n if nodes == 1 else nodes
         per_node = -(-n // nodes)
         self.procs: list[subprocess.Popen[str]] = []
         for r in range(n):

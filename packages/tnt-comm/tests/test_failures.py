@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from ranks import Job, run
+from ranks import GPI2, Job, run
 
 MISMATCHES = {
     "op": ("tc.allreduce(np.ones(10, np.float32), op='sum')", "tc.allreduce(np.ones(10, np.float32), op='max')"),
@@ -238,10 +238,13 @@ def test_timeout_names_the_rank_that_made_no_progress(how: str, tmp_path: Path) 
     # Rank 1 of 3 holds the job up: stopped by SIGSTOP, or busy elsewhere in its program. The
     # ranks that time out must blame it, not each other (both wait for everybody).
     hold = "os.kill(os.getpid(), signal.SIGSTOP)" if how == "stopped" else "time.sleep(30)"
+    # Over GPI-2's Ethernet device, writes rank 1 posted in the first call may still sit in its GPI-2
+    # thread when SIGSTOP freezes it: then the others time out in that call already, as they should.
+    first = "try:\n    tc.allreduce(x)\nexcept tc.Timeout as e:\n    print('TIMEOUT', e); raise SystemExit"
     code = f"""
 import os, signal, time, numpy as np, tnt_comm as tc
 x = np.ones(100_000, np.float32)
-tc.allreduce(x)
+{first if GPI2 and how == "stopped" else "tc.allreduce(x)"}
 if tc.rank() == 1:
     {hold}
 try:
@@ -263,4 +266,30 @@ except tc.Timeout as e:
         assert "made no progress: rank 0" not in res.stdout and "made no progress: rank 2" not in res.stdout
         reason = "did not answer" if how == "stopped" else "has not made this call"
         assert reason in res.stdout, res.stdout
+    assert not job.shm_leftovers()
+
+
+@pytest.mark.skipif(not GPI2, reason="GPI-2's own descriptors: runs over gpi2 only (TNT_TEST_TRANSPORT=gpi2)")
+@pytest.mark.timeout(90)
+def test_gpi2_short_of_descriptors_says_so(tmp_path: Path) -> None:
+    # GPI-2 opens sockets of its own and reports only a bare error when it cannot: the message must
+    # name the descriptor limit, and the other rank must not wait for ever.
+    code = """
+import os, resource, time, numpy as np, tnt_comm as tc
+if os.environ["TNT_RANK"] == "0":
+    few = len(os.listdir("/proc/self/fd")) + 16  # a hard limit too, which tnt cannot raise
+    resource.setrlimit(resource.RLIMIT_NOFILE, (few, few))
+try:
+    tc.init()
+except Exception as e:
+    print("FAILED", time.time(), type(e).__name__, e)
+"""
+    job = Job(2, code, tmp_path)
+    results = job.wait(80)
+    assert results[0].stdout.startswith("FAILED"), (results[0].stdout, results[0].stderr[-2000:])
+    assert "file descriptors free" in results[0].stdout and "ulimit -n" in results[0].stdout, results[0].stdout
+    # Rank 1, left waiting in GPI-2's start, learns it from its own connection to rank 0, at once.
+    assert results[1].stdout.startswith("FAILED"), (results[1].stdout, results[1].stderr[-2000:])
+    assert "PeerFailure" in results[1].stdout and "rank 0" in results[1].stdout, results[1].stdout
+    assert float(results[1].stdout.split()[1]) - float(results[0].stdout.split()[1]) < 10
     assert not job.shm_leftovers()

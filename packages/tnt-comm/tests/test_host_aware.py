@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from ranks import BETWEEN_HOSTS, run
+from ranks import BETWEEN_HOSTS, ONE_HOST, run
 
 CHECK = """
 import hashlib, os, numpy as np, tnt_comm as tc
@@ -60,7 +60,7 @@ print("ok", tc.transports())
 def test_host_aware_allreduce(n: int, nodes: int, tmp_path: Path) -> None:
     results = run(n, CHECK, tmp_path, timeout=220, nodes=nodes)
     assert all("ok" in res.stdout for res in results)
-    assert "'shm'" in results[0].stdout and f"'{BETWEEN_HOSTS}'" in results[0].stdout
+    assert f"'{ONE_HOST}'" in results[0].stdout and f"'{BETWEEN_HOSTS}'" in results[0].stdout
 
 
 @pytest.mark.timeout(240)

@@ -1,4 +1,4 @@
-"""Distributed training equals serial Keras training, on 1, 2 and 3 real ranks, over shared memory and TCP."""
+"""Distributed training equals serial Keras training, on 1, 2 and 3 real ranks, over shared memory, TCP and GPI-2."""
 
 import pytest
 from launch import Result, run
@@ -17,6 +17,18 @@ def test_training_over_tcp_equals_serial() -> None:
     """The path between hosts: ranks connected by TCP instead of shared memory."""
     result = run("train_equal", 2, timeout=280, launcher_args=("--transport", "tcp"))
     assert [r["transports"] for r in result.ranks] == [["self", "tcp"], ["tcp", "self"]]
+    check_equal_training(result, 2)
+
+
+@pytest.mark.timeout(300)
+def test_training_over_gpi2_equals_serial() -> None:
+    """GPI-2 between the two ranks, as between the hosts of a cluster (needs a tnt_comm built with it)."""
+    import tnt_comm
+
+    if "gpi2" not in tnt_comm.build_info()["transports"]:
+        pytest.skip("this tnt_comm has no GPI-2 transport: build it with GPI2_ROOT set (docs/comm.md)")
+    result = run("train_equal", 2, timeout=280, launcher_args=("--transport", "gpi2"))
+    assert [r["transports"] for r in result.ranks] == [["self", "gpi2"], ["gpi2", "self"]]
     check_equal_training(result, 2)
 
 

@@ -41,6 +41,22 @@ class Launcher:
             timeout=timeout, check=False, **kw,  # type: ignore[arg-type]
         )
 
+    def run_as_if_gpi2(
+        self, args: Sequence[str], timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        """`run` under a tnt-launch told that tnt_comm has GPI-2, which it refuses --transport
+        gpi2 without: for ranks that never start GPI-2 (rank_report.py imports nothing of tnt),
+        so that the launcher's part of GPI-2 is tested whatever tnt_comm is installed."""
+        code = (
+            "import sys; from tnt_launch import check_build, cli; "
+            "check_build.comm_info = lambda: {'transports': ['shm', 'tcp', 'gpi2']}; "
+            "sys.exit(cli.main(sys.argv[1:]))"
+        )
+        return subprocess.run(
+            [sys.executable, "-c", code, *args], cwd=self.cwd, env=self.env, capture_output=True,
+            text=True, timeout=timeout, check=False,
+        )
+
     def start(self, args: Sequence[str], **kw: object) -> subprocess.Popen[str]:
         return subprocess.Popen(
             self.argv(args), cwd=self.cwd, env=self.env, stdout=subprocess.PIPE,

@@ -1,8 +1,9 @@
 """A rank for the tests: reports what it received, then behaves as asked.
 
 It writes REPORT_DIR/rank-<TNT_RANK>.json (environment, argv, working directory, PIDs, the CPUs and
-memory nodes it may use, its NUMA policy), prints one line to stdout and one to stderr, and then
-exits, fails, kills itself or sleeps. Imports nothing of tnt.
+memory nodes it may use, its NUMA policy, the GPI-2 machinefile that GASPI_MFILE names), prints one
+line to stdout and one to stderr, and then exits, fails, kills itself or sleeps. Imports nothing of
+tnt.
 """
 
 from __future__ import annotations
@@ -59,8 +60,16 @@ def main() -> int:
         policy = subprocess.run(["numactl", "--show"], capture_output=True, text=True, check=False
         ).stdout
 
+    # GPI-2's machinefile as this rank finds it (read on rank 0 only, but looked at on all).
+    mfile = os.environ.get("GASPI_MFILE")
+    machinefile = None
+    if mfile and os.path.isfile(mfile):
+        with open(mfile) as f:
+            machinefile = f.read()
+
     report = {
         "env": dict(os.environ),
+        "machinefile": machinefile,
         "argv": sys.argv[1:],
         "rest": rest,
         "cwd": os.getcwd(),

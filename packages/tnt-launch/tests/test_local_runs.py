@@ -329,3 +329,61 @@ def test_unfinished_lines_of_rank_0_show_at_once(launcher: Launcher, reports: Pa
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+@pytest.mark.timeout(90)
+def test_a_gpi2_job_gets_its_machinefile_and_ports_and_leaves_nothing(
+    launcher: Launcher, reports: Path
+) -> None:
+    registry = Path(launcher.env["TNT_LAUNCH_REGISTRY"])
+    done = launcher.run_as_if_gpi2(["-n", "3", "--no-gpu", "--transport", "gpi2", "--", RANK,
+                                    str(reports)])
+    assert done.returncode == 0, done.stderr
+    got = read_reports(reports, 3)
+    first = got[0]["env"]
+    machinefile = Path(first["GASPI_MFILE"])
+    assert machinefile == registry / f"{first['TNT_JOB_ID']}.gpi2-machines"
+    # Rank 0 read it while the job ran: one line per rank, the last one ending too.
+    assert got[0]["machinefile"] == "127.0.0.1\n" * 3
+    base = int(first["TNT_GPI2_PORT_BASE"])
+    assert 10240 <= base <= 31744 and base % 1024 == 0
+    for rank, report in enumerate(got):
+        env = report["env"]
+        assert (env["GASPI_RANK"], env["GASPI_SOCKET"], env["GASPI_NRANKS"]) == (
+            str(rank), str(rank), "3")
+        assert env["GASPI_MFILE"] == (str(machinefile) if rank == 0 else "/dev/null")
+        assert env["TNT_GPI2_PORT_BASE"] == str(base)
+    assert not machinefile.exists()
+    assert list(registry.iterdir()) == []
+
+    # A failing job removes it too; a user's TNT_GPI2_PORT_BASE is kept.
+    failed = reports / "failed"
+    failed.mkdir()
+    launcher.env["TNT_GPI2_PORT_BASE"] = "20480"
+    done = launcher.run_as_if_gpi2(["-n", "2", "--no-gpu", "--transport", "gpi2", "--", RANK,
+                                    str(failed), "--fail-rank", "1", "--code", "4"])
+    assert done.returncode == 4, done.stderr
+    got = read_reports(failed, 2)
+    assert got[0]["machinefile"] == "127.0.0.1\n" * 2
+    assert {r["env"]["TNT_GPI2_PORT_BASE"] for r in got} == {"20480"}
+    assert not Path(got[0]["env"]["GASPI_MFILE"]).exists()
+    assert list(registry.iterdir()) == []
+
+
+@pytest.mark.timeout(60)
+def test_a_gpi2_dry_run_shows_gpi2s_variables_and_writes_nothing(launcher: Launcher) -> None:
+    registry = Path(launcher.env["TNT_LAUNCH_REGISTRY"])
+    done = launcher.run_as_if_gpi2(["-n", "3", "--no-gpu", "--transport", "gpi2", "--dry-run",
+                                    "--", "train.py"])
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    job = lines[0].split()[3].rstrip(":")
+    machinefile = registry / f"{job}.gpi2-machines"
+    for line in ("TNT_TRANSPORT=gpi2", "GASPI_RANK=per rank: 0, 1, 2",
+                 "GASPI_SOCKET=per rank: 0, 1, 2", "GASPI_NRANKS=3",
+                 f"GASPI_MFILE=per rank: {machinefile}, /dev/null, /dev/null"):
+        assert line in lines, done.stdout
+    base = [line for line in lines if line.startswith("TNT_GPI2_PORT_BASE=")]
+    assert len(base) == 1 and int(base[0].split("=")[1]) % 1024 == 0
+    assert any(line.startswith(f"GPI-2: machinefile {machinefile} (3 line(s)") for line in lines)
+    assert not registry.exists() or list(registry.iterdir()) == []

@@ -218,3 +218,31 @@ def test_slurm_allocation_without_a_hostfile(launcher: Launcher, sshd: SshServer
         ("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")
     ]
     assert ["SSH_CONNECTION" in r["env"] for r in got] == [False, False, True, True]
+
+
+@pytest.mark.timeout(90)
+def test_gpi2_across_two_hosts(launcher: Launcher, sshd: SshServer, two_hosts: Path,
+                               reports: Path) -> None:
+    """127.0.0.2 is this machine too, so the machinefile names every rank 127.0.0.1 and GPI-2's
+    sockets (its ports) run on across both hosts; the rank over ssh reads no machinefile."""
+    done = launcher.run_as_if_gpi2(_args(sshd, two_hosts, "--n-per-node", "2", "--transport",
+                                         "gpi2", "--", RANK, str(reports)), timeout=80)
+    assert done.returncode == 0, done.stderr
+    got = read_reports(reports, 4)
+    assert got[0]["machinefile"] == "127.0.0.1\n" * 4
+    assert [r["env"]["GASPI_SOCKET"] for r in got] == ["0", "1", "2", "3"]
+    assert [r["env"]["GASPI_MFILE"] for r in got][1:] == ["/dev/null"] * 3
+    assert len({r["env"]["TNT_GPI2_PORT_BASE"] for r in got}) == 1
+    assert not Path(got[0]["env"]["GASPI_MFILE"]).exists()
+
+    # Rank 0 on the other host: tnt-comm derives GPI-2's variables there; none are set.
+    elsewhere = reports / "elsewhere"
+    elsewhere.mkdir()
+    hostfile = sshd.hostfile(launcher.cwd, "127.0.0.2", "127.0.0.1")
+    done = launcher.run_as_if_gpi2(_args(sshd, hostfile, "--transport", "gpi2", "--", RANK,
+                                         str(elsewhere)), timeout=80)
+    assert done.returncode == 0, done.stderr
+    for report in read_reports(elsewhere, 2):
+        assert report["env"]["TNT_TRANSPORT"] == "gpi2"
+        assert not {"GASPI_RANK", "GASPI_MFILE", "TNT_GPI2_PORT_BASE"} & set(report["env"])
+    assert list(Path(launcher.env["TNT_LAUNCH_REGISTRY"]).iterdir()) == []

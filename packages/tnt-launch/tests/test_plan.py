@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import io
 import math
+import os
+import random
 import shlex
+import socket
+import stat
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tnt_launch.config import LaunchConfig
-from tnt_launch.display import describe_timeout, environment_rows
+from tnt_launch import gpi2, jobs
+from tnt_launch.config import LaunchConfig, LaunchError
+from tnt_launch.display import describe_timeout, environment_lines, environment_rows, write_plan
 from tnt_launch.hosts import Host
-from tnt_launch.plan import HostFacts, JobIdentity, PlanError, build_plan
+from tnt_launch.plan import HostFacts, JobIdentity, PlanError, build_plan, gpi2_sockets
 from tnt_launch.spawn import SshSettings, remote_command, request_line, ssh_argv
 
 PY = ("/usr/bin/python3",)
@@ -303,6 +309,191 @@ def test_dry_run_environment_rows_hide_the_token_and_list_differences() -> None:
     assert "f" * 32 not in rows["TNT_JOB_TOKEN"]
     assert rows["PATH"].startswith("/bin  [ranks on other hosts")
     assert rows["CUDA_VISIBLE_DEVICES"] == '"" (empty)'
+
+
+# ---------------------------------------------------------------------------------------------
+# GPI-2: --transport gpi2
+
+MFILE = "/tmp/tnt-launch-1000/0123456789ab.gpi2-machines"
+GPI2_ID = JobIdentity("0123456789ab", "f" * 32, 29500, gpi2_port_base=12288, gpi2_machinefile=MFILE)
+GPI2_NAMES = ("GASPI_RANK", "GASPI_SOCKET", "GASPI_NRANKS", "GASPI_MFILE", "TNT_GPI2_PORT_BASE")
+
+
+def gpi2_plan(config: LaunchConfig, hosts: list[Host], environ=None, identity=GPI2_ID):
+    return build_plan(config, hosts, {h.name: facts() for h in hosts}, identity, environ or {})
+
+
+def test_gpi2_ranks_get_gaspi_variables_a_machinefile_and_a_port_base() -> None:
+    config = cfg(nprocs=3, no_gpu=True, transport="gpi2")
+    assert gpi2_sockets(config, LOCAL, {"localhost": facts()}, {}) == 3
+    base = gpi2.free_port_base(3)
+    assert gpi2.PORT_BASE_LOW <= base <= 31744 and base % 1024 == 0
+    identity = JobIdentity("0123456789ab", "f" * 32, 29500, base, MFILE)
+    plan = gpi2_plan(config, LOCAL, identity=identity)
+    for r, spec in enumerate(plan.ranks):
+        assert {name: spec.env[name] for name in GPI2_NAMES} == {
+            "GASPI_RANK": str(r),
+            "GASPI_SOCKET": str(r),
+            "GASPI_NRANKS": "3",
+            # GPI-2 reads the machinefile on rank 0 only.
+            "GASPI_MFILE": MFILE if r == 0 else "/dev/null",
+            "TNT_GPI2_PORT_BASE": str(base),
+        }
+        assert spec.env["TNT_TRANSPORT"] == "gpi2"
+    # Lines as TNT_MASTER_ADDR names this host.
+    assert plan.gpi2_machines == ("127.0.0.1",) * 3
+    assert (plan.gpi2_machinefile, plan.gpi2_port_base) == (MFILE, base)
+    assert plan.gpi2 is not None and MFILE in plan.gpi2
+    assert f"TNT_GPI2_PORT_BASE={base}" in plan.gpi2
+
+
+@pytest.mark.parametrize("transport", ["auto", "shm", "tcp"])
+def test_other_transports_get_no_gpi2_variables(transport: str) -> None:
+    hosts = [Host("127.0.0.1", local=True), Host("127.0.0.2")]
+    config = cfg(n_per_node=2, no_gpu=True, transport=transport)
+    plan = gpi2_plan(config, hosts)
+    for spec in plan.ranks:
+        assert not set(GPI2_NAMES) & set(spec.env)
+    assert (plan.gpi2, plan.gpi2_machinefile, plan.gpi2_machines, plan.gpi2_port_base) == (
+        None, None, (), None
+    )
+    assert gpi2_sockets(config, hosts, {h.name: facts() for h in hosts}, {}) == 0
+
+
+def test_a_users_gpi2_port_base_is_kept() -> None:
+    config = cfg(nprocs=2, no_gpu=True, transport="gpi2")
+    environ = {"TNT_GPI2_PORT_BASE": "20480"}
+    # No range is picked: ranks on this host inherit the user's, ranks elsewhere carry it.
+    assert gpi2_sockets(config, LOCAL, {"localhost": facts()}, environ) == 0
+    plan = gpi2_plan(config, LOCAL, environ, JobIdentity("0123456789ab", "t", 1, None, MFILE))
+    assert all("TNT_GPI2_PORT_BASE" not in spec.env for spec in plan.ranks)
+    assert all("GASPI_RANK" in spec.env for spec in plan.ranks)
+    assert plan.gpi2_port_base is None and "as you set it" in (plan.gpi2 or "")
+    hosts = [Host("127.0.0.1", local=True), Host("127.0.0.2")]
+    remote = gpi2_plan(cfg(no_gpu=True, transport="gpi2"), hosts, environ).ranks[1]
+    assert remote.env["TNT_GPI2_PORT_BASE"] == "20480"
+    # -x wins over the launcher's pick too.
+    exports = (("TNT_GPI2_PORT_BASE", "11264"),)
+    exported = cfg(nprocs=2, no_gpu=True, transport="gpi2", exports=exports)
+    assert gpi2_sockets(exported, LOCAL, {"localhost": facts()}, {}) == 0
+    assert {s.env["TNT_GPI2_PORT_BASE"] for s in gpi2_plan(exported, LOCAL).ranks} == {"11264"}
+
+
+def test_gpi2_on_several_hosts_numbers_sockets_per_machine() -> None:
+    hosts = [Host("node1", local=True), Host("node2", slots=3)]
+    config = cfg(no_gpu=True, transport="gpi2")
+    plan = gpi2_plan(config, hosts)
+    assert plan.gpi2_machines == ("node1", "node2", "node2", "node2")
+    assert [s.env["GASPI_SOCKET"] for s in plan.ranks] == ["0", "0", "1", "2"]
+    assert [s.env["GASPI_MFILE"] for s in plan.ranks] == [MFILE] + ["/dev/null"] * 3
+    assert {s.env["TNT_GPI2_PORT_BASE"] for s in plan.ranks} == {"12288"}
+    assert gpi2_sockets(config, hosts, {h.name: facts() for h in hosts}, {}) == 3
+
+    # 127.0.0.2 over ssh is this machine too: one name, so GPI-2's sockets (its ports) differ.
+    hosts = [Host("127.0.0.1", local=True), Host("127.0.0.2")]
+    config = cfg(n_per_node=2, no_gpu=True, transport="gpi2")
+    plan = gpi2_plan(config, hosts)
+    assert plan.gpi2_machines == ("127.0.0.1",) * 4
+    assert [s.env["GASPI_SOCKET"] for s in plan.ranks] == ["0", "1", "2", "3"]
+    assert [s.env["TNT_LOCAL_RANK"] for s in plan.ranks] == ["0", "1", "0", "1"]
+    assert gpi2_sockets(config, hosts, {h.name: facts() for h in hosts}, {}) == 4
+
+
+def test_gpi2_is_left_to_tnt_comm_where_the_launcher_cannot_write_rank_0s_machinefile() -> None:
+    # Rank 0 on another host: tnt-comm's rank 0 writes the machinefile there and picks the ports.
+    config = cfg(no_gpu=True, transport="gpi2")
+    plan = gpi2_plan(config, TWO)
+    for spec in plan.ranks:
+        assert not set(GPI2_NAMES) & set(spec.env)
+        assert spec.env["TNT_TRANSPORT"] == "gpi2"
+    assert plan.gpi2_machinefile is None and plan.gpi2_machines == ()
+    assert plan.gpi2 is not None and "rank 0 runs on node1, not on this host" in plan.gpi2
+    assert "tnt-comm derives GASPI_*" in plan.gpi2
+    assert gpi2_sockets(config, TWO, {h.name: facts() for h in TWO}, {}) == 0
+
+    # A name GPI-2 would skip (a machinefile line of 64 bytes or more).
+    hosts = [Host("node1", local=True), Host("n" * 63)]
+    plan = gpi2_plan(config, hosts)
+    assert not any("GASPI_RANK" in spec.env for spec in plan.ranks)
+    assert "longer than the 62 characters" in (plan.gpi2 or "")
+
+
+def test_gpi2_in_the_dry_run_one_line_per_value() -> None:
+    plan = gpi2_plan(cfg(nprocs=3, no_gpu=True, transport="gpi2"), LOCAL)
+    lines = environment_lines(plan)
+    for line in ("GASPI_RANK=per rank: 0, 1, 2", "GASPI_SOCKET=per rank: 0, 1, 2",
+                 "GASPI_NRANKS=3", f"GASPI_MFILE=per rank: {MFILE}, /dev/null, /dev/null",
+                 "TNT_GPI2_PORT_BASE=12288"):
+        assert line in lines
+    out = io.StringIO()
+    write_plan(plan, out)
+    text = out.getvalue()
+    assert text.endswith("\n") and "GASPI_RANK=per rank: 0, 1, 2\n" in text
+    assert f"GPI-2: machinefile {MFILE} (3 line(s)" in text
+
+
+def test_gpi2_port_base_skips_taken_and_busy_ranges() -> None:
+    bases = list(range(10240, 31744 + 1, 1024))
+    assert len(bases) == 22
+    for seed in range(40):
+        base = gpi2.free_port_base(2, rng=random.Random(seed))
+        assert base in bases
+        assert all(gpi2.port_free(base + offset + s) for offset in (0, 256, 512) for s in range(2))
+    # A range another running job holds is passed over, though its ports are still free.
+    first = gpi2.free_port_base(1, rng=random.Random(7))
+    assert gpi2.free_port_base(1, taken={first}, rng=random.Random(7)) != first
+    # A port in use (here: socket 1's service port) makes the whole range busy.
+    with socket.socket() as busy:
+        busy.bind(("", first + 256 + 1))
+        busy.listen()
+        assert gpi2.free_port_base(2, rng=random.Random(7)) != first
+        assert not gpi2.port_free(first + 256 + 1)
+    with pytest.raises(LaunchError, match="at most 256"):
+        gpi2.free_port_base(257)
+    with pytest.raises(LaunchError, match="no free range of GPI-2 ports"):
+        gpi2.free_port_base(1, taken=set(bases))
+
+
+def test_gpi2_machinefile_is_written_private_and_removed_with_the_job(tmp_path: Path) -> None:
+    registry = jobs.registry_dir(str(tmp_path / "registry"))
+    path = jobs.machinefile_path(registry, "0123456789ab")
+    assert path == os.path.join(registry, "0123456789ab.gpi2-machines")
+    jobs.write_machinefile(path, ["node1", "node1", "node2"])
+    assert Path(path).read_text() == "node1\nnode1\nnode2\n"  # the last line ends too
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert os.listdir(registry) == ["0123456789ab.gpi2-machines"]  # no temporary file left
+    # The end of the job on this host (finish) removes it, beside the job's entries.
+    jobs.write_entry(registry, "0123456789ab.launcher.json",
+                     {"job_id": "0123456789ab", "processes": [], "gpi2_port_base": 12288})
+    jobs.finish_job(registry, "0123456789ab", shm=False)
+    assert os.listdir(registry) == []
+
+    # --cleanup removes the machinefile of a job whose launcher was killed (SIGKILL).
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    jobs.write_entry(registry, "fedcba987654.launcher.json", {
+        "job_id": "fedcba987654", "processes": [{"pid": dead.pid, "start": 1}],
+        "gpi2_port_base": 13312,
+    })
+    jobs.write_machinefile(jobs.machinefile_path(registry, "fedcba987654"), ["127.0.0.1"])
+    assert jobs.gpi2_port_bases(registry) == set()  # only running jobs hold their range
+    assert jobs.cleanup(registry) == []
+    assert os.listdir(registry) == []
+
+
+def test_running_jobs_hold_their_gpi2_port_base(tmp_path: Path) -> None:
+    registry = jobs.registry_dir(str(tmp_path / "registry"))
+    jobs.write_entry(registry, "0123456789ab.launcher.json", {
+        "job_id": "0123456789ab", "processes": [jobs.process_entry(os.getpid())],
+        "gpi2_port_base": 12288,
+    })
+    jobs.write_entry(registry, "fedcba987654.launcher.json", {
+        "job_id": "fedcba987654", "processes": [jobs.process_entry(os.getpid())],
+        "gpi2_port_base": None,
+    })
+    assert jobs.gpi2_port_bases(registry) == {12288}
+    for seed in range(40):
+        assert gpi2.free_port_base(1, jobs.gpi2_port_bases(registry), random.Random(seed)) != 12288
 
 
 # ---------------------------------------------------------------------------------------------

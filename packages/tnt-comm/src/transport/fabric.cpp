@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "store/store.hpp"
+#include "transport/gpi2.hpp"
 
 namespace tnt {
 namespace {
@@ -161,8 +162,7 @@ Fabric::~Fabric() {
 }
 
 void Fabric::rendezvous(const Identity& id) {
-  const Deadline deadline = deadline_after(id.timeout_s);
-  const Deadline rendezvous_deadline = deadline;
+  Deadline deadline = deadline_after(id.timeout_s);
   std::unique_ptr<StoreServer> server;
   if (rank_ == 0) server = std::make_unique<StoreServer>(id.master_addr, id.master_port, id.token);
   StoreClient store(id.master_addr, id.master_port, id.token, deadline);
@@ -215,8 +215,14 @@ void Fabric::rendezvous(const Identity& id) {
     peers_[static_cast<std::size_t>(r)]->sock = std::move(higher[static_cast<std::size_t>(r)]);
   }
 
-  // 3. Choose each pair's transport and set up our segment: shared memory within a host (unless
-  //    tcp is forced), GPI-2 between hosts where asked for, TCP otherwise.
+  // 3. Choose each pair's transport and set up our segment. A forced transport (tcp, gpi2) joins
+  //    every pair, within a host too; auto takes shared memory within a host and, between hosts,
+  //    GPI-2 where it is built for InfiniBand/RoCE/OFI, TCP otherwise (over GPI-2's Ethernet device
+  //    tcp measured faster: docs/comm.md). Every rank decides alike from the same node list.
+  const bool many_hosts = std::any_of(node.begin(), node.end(), [&](int n) { return n != node[0]; });
+  const std::string network = gpi2_build().network;
+  const bool gpi2_between_hosts = id.transport == "auto" && many_hosts && !network.empty() && network != "ethernet";
+  const bool use_gpi2 = id.transport == "gpi2" || gpi2_between_hosts;
   std::vector<bool> same_host(static_cast<std::size_t>(size_), false);
   std::vector<int> gpi2_peers;
   bool any_shm = false;
@@ -227,9 +233,9 @@ void Fabric::rendezvous(const Identity& id) {
       throw InvalidArgument("TNT_TRANSPORT=shm but rank " + std::to_string(r) +
                             " runs on another host; use auto or tcp");
     }
-    same_host[i] = r != rank_ && local && id.transport != "tcp";
+    same_host[i] = r != rank_ && local && (id.transport == "auto" || id.transport == "shm");
     any_shm = any_shm || same_host[i];
-    if (r != rank_ && !local && id.transport == "gpi2") gpi2_peers.push_back(r);
+    if (r != rank_ && use_gpi2 && !same_host[i]) gpi2_peers.push_back(r);
   }
   segment_.layout.world = size_;
   segment_.layout.slots = kSlots;
@@ -241,28 +247,49 @@ void Fabric::rendezvous(const Identity& id) {
   segment_.base = memory_.data();
   store.set(prefix + "segment/" + std::to_string(rank_), "ready");
 #ifdef TNT_COMM_HAVE_GPI2
-  if (id.transport == "gpi2") {
-    // Every rank starts GPI-2 (it meets all ranks of its machinefile), even one with no peer on
-    // another host. Connections go from higher to lower ranks, as GPI-2's own static topology.
-    // GPI-2 takes seconds to start on a loaded host, so it gets at least 30 s whatever TNT_TIMEOUT_S.
-    const Deadline deadline = std::max(rendezvous_deadline, deadline_after(30.0));
+  if (use_gpi2) {
+    // Every rank starts GPI-2 (it meets all ranks of its machinefile), even one with no GPI-2
+    // peer. Connections go from higher to lower ranks, as GPI-2's own static topology.
+    // GPI-2 takes seconds to start on a loaded host, so it (and the rest of the rendezvous, which
+    // waits on the slowest rank's start) gets at least 30 s whatever TNT_TIMEOUT_S.
+    deadline = std::max(deadline, deadline_after(30.0));
     if (rank_ == 0 && std::getenv("TNT_GPI2_PORT_BASE") == nullptr) {
       const int here = static_cast<int>(std::count(host.begin(), host.end(), host[0]));
       store.set(prefix + "gpi2-port-base", std::to_string(gpi2_free_port_base(here)));
     }
     const std::string port_base =
         std::getenv("TNT_GPI2_PORT_BASE") != nullptr ? "" : store.get(prefix + "gpi2-port-base", deadline);
-    gpi2_ = std::make_unique<Gpi2Wire>(rank_, size_, id.local_size, host, port_base, segment_, deadline);
+    // GPI-2 never notices a dead peer; our connection to every peer does, so a rank that dies
+    // while GPI-2 starts ends the start at once, named, instead of at GPI-2's timeout.
+    const auto watch = [&] {
+      if (Clock::now() >= deadline) throw Timeout("rendezvous: GPI-2 did not start on every rank in time");
+      for (int r = 0; r < size_; ++r) {
+        if (r == rank_) continue;
+        char byte;
+        const ssize_t got = ::recv(peers_[static_cast<std::size_t>(r)]->sock.fd(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+          throw PeerFailure(r, "rank " + std::to_string(r) + " (" + host[static_cast<std::size_t>(r)] +
+                                   ") left the job while GPI-2 was starting");
+        }
+      }
+    };
+    const auto wait_for_key = [&](const std::string& key) {
+      while (!store.try_get(prefix + key)) {
+        watch();
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    };
+    gpi2_ = std::make_unique<Gpi2Wire>(rank_, size_, id.local_size, host, port_base, segment_, deadline, watch);
     for (int r : gpi2_peers) {
-      if (r < rank_) gpi2_->connect(r, deadline);
+      if (r < rank_) gpi2_->connect(r, deadline, watch);
     }
     store.set(prefix + "gpi2-connected/" + std::to_string(rank_), "1");
     for (int r : gpi2_peers) {
-      if (r > rank_) store.get(prefix + "gpi2-connected/" + std::to_string(r), deadline);
+      if (r > rank_) wait_for_key("gpi2-connected/" + std::to_string(r));
     }
-    for (int r : gpi2_peers) gpi2_->register_segment(r, deadline);
+    for (int r : gpi2_peers) gpi2_->register_segment(r, deadline, watch);
     store.set(prefix + "gpi2-registered/" + std::to_string(rank_), "1");
-    for (int r : gpi2_peers) store.get(prefix + "gpi2-registered/" + std::to_string(r), deadline);
+    for (int r : gpi2_peers) wait_for_key("gpi2-registered/" + std::to_string(r));
     for (int r : gpi2_peers) peers_[static_cast<std::size_t>(r)]->byes_due.store(2);
     gpi2_->start([this](int r) { goodbye_from(*peers_[static_cast<std::size_t>(r)]); });
   }

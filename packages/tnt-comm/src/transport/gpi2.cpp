@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sched.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -14,6 +15,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <future>
+#include <random>
 
 // GPI-2 1.6's gaspi_config_set does not take the Ethernet device's port, so it is set in GPI-2's
 // exported configuration, as gaspi_config_set would, before gaspi_proc_init reads it.
@@ -130,10 +134,29 @@ bool port_free(int port) {
   return ok;
 }
 
+// GPI-2 opens a few dozen sockets and descriptors of its own and only reports a bare error when it
+// cannot: say so when this process is close to its descriptor limit.
+std::string descriptor_hint() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return "";
+  std::error_code ec;
+  std::size_t open = 0;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/fd", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    ++open;
+  }
+  const auto limit_fds = static_cast<std::size_t>(limit.rlim_cur);
+  if (ec || open + 64 < limit_fds) return "";
+  return ": this process has " + std::to_string(limit_fds - std::min(open, limit_fds)) + " of its " +
+         std::to_string(limit_fds) + " file descriptors free, and GPI-2 needs a few dozen; raise the "
+         "limit (ulimit -n) or close descriptors";
+}
+
 void check(gaspi_return_t ret, const std::string& what) {
   if (ret == GASPI_SUCCESS) return;
-  if (ret == GASPI_TIMEOUT) throw Timeout("gpi2: " + what + " timed out");
-  throw Error("gpi2: " + what + " failed (GPI-2 error " + std::to_string(static_cast<int>(ret)) + ")");
+  if (ret == GASPI_TIMEOUT) throw Timeout("gpi2: " + what + " timed out" + descriptor_hint());
+  throw Error("gpi2: " + what + " failed (GPI-2 error " + std::to_string(static_cast<int>(ret)) + ")" +
+              descriptor_hint());
 }
 
 // Moves GPI-2's ports to this job's own range (TNT_GPI2_PORT_BASE, set per job by tnt-launch):
@@ -164,28 +187,50 @@ void configure(const char* base) {
 }  // namespace
 
 int gpi2_free_port_base(int ranks) {
-  // Below the ephemeral ports (32768 and up), which any outgoing connection may take.
-  constexpr int kLow = 10240, kHigh = 32768 - 1024, kStep = 1024;
-  const int start = static_cast<int>(static_cast<unsigned>(::getpid()) % ((kHigh - kLow) / kStep));
-  for (int i = 0; i < (kHigh - kLow) / kStep; ++i) {
-    const int base = kLow + ((start + i) % ((kHigh - kLow) / kStep)) * kStep;
+  // Below the ephemeral ports (32768 and up), which any outgoing connection may take. A base may be
+  // any multiple of 8, tried from a random one: two jobs starting at the same moment, neither yet
+  // listening, then choose the same ports only by a 1 in ~2700 chance.
+  constexpr int kLow = 10240, kHigh = 32768 - 512 - 256, kStep = 8, kBases = (kHigh - kLow) / kStep;
+  const int start = static_cast<int>(std::random_device{}() % kBases);
+  for (int i = 0; i < kBases; ++i) {
+    const int base = kLow + ((start + i) % kBases) * kStep;
     bool free = true;
     for (int offset : {0, 256, 512}) {
       for (int r = 0; r < ranks && free; ++r) free = port_free(base + offset + r);
     }
     if (free) return base;
   }
-  throw Error("gpi2: no free range of 1024 ports between 10240 and 32767 for GPI-2 on this host");
+  throw Error("gpi2: no free ports between 10240 and 32767 for GPI-2 on this host");
+}
+
+// Runs a blocking GPI-2 call on a thread of its own while `watch` checks, every 50 ms, that the
+// job is still whole. When watch throws, the call is left behind: its thread holds nothing of
+// ours (the task owns its state) and ends at the call's own timeout, or with the process.
+gaspi_return_t watched(std::function<gaspi_return_t()> call, const std::function<void()>& watch) {
+  auto task = std::make_shared<std::packaged_task<gaspi_return_t()>>(std::move(call));
+  std::future<gaspi_return_t> result = task->get_future();
+  std::thread([task] { (*task)(); }).detach();
+  while (result.wait_for(std::chrono::milliseconds(50)) != std::future_status::ready) watch();
+  return result.get();
 }
 
 Gpi2Wire::Gpi2Wire(int rank, int size, int local_size, const std::vector<std::string>& hosts,
-                   const std::string& port_base, SegmentView mine, Deadline deadline)
+                   const std::string& port_base, SegmentView mine, Deadline deadline,
+                   const std::function<void()>& watch)
     : rank_(rank), mine_(mine), seen_(mine.layout.notes() + static_cast<std::size_t>(size), 0) {
   cpu_set_t cpus;
   oversubscribed_ = sched_getaffinity(0, sizeof cpus, &cpus) == 0 && local_size > CPU_COUNT(&cpus);
+  // GPI-2 opens a few dozen descriptors as it starts and, short of them, raises the soft limit to
+  // the hard one itself, but only in some of its calls: raise it first, so none of them runs short.
+  rlimit files{};
+  if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &files);
+  }
   const std::string machinefile = prepare_environment(rank, size, hosts);
   configure(env("TNT_GPI2_PORT_BASE") != nullptr ? env("TNT_GPI2_PORT_BASE") : port_base.c_str());
-  const gaspi_return_t init = gaspi_proc_init(ms_left(deadline));
+  const gaspi_timeout_t ms = ms_left(deadline);
+  const gaspi_return_t init = watched([ms] { return gaspi_proc_init(ms); }, watch);
   if (!machinefile.empty()) ::unlink(machinefile.c_str());
   if (init == GASPI_ERR_INITED) {
     throw Error("gpi2: GPI-2 was already started in this process; it starts once per process, so "
@@ -196,7 +241,7 @@ Gpi2Wire::Gpi2Wire(int rank, int size, int local_size, const std::vector<std::st
                   "port range of TNT_GPI2_PORT_BASE free on every host? raise TNT_TIMEOUT_S if "
                   "ranks start slowly)");
   }
-  if (init == GASPI_ERR_DEVICE || init == GASPI_ERR_SN) {
+  if ((init == GASPI_ERR_DEVICE || init == GASPI_ERR_SN) && descriptor_hint().empty()) {
     throw Error("gpi2: GPI-2 could not open its ports (another job or connection holds them): give "
                 "each job its own TNT_GPI2_PORT_BASE, below the ephemeral ports (tnt-launch does)");
   }
@@ -215,18 +260,20 @@ Gpi2Wire::~Gpi2Wire() {
   }
 }
 
-void Gpi2Wire::connect(int peer, Deadline deadline) {
+void Gpi2Wire::connect(int peer, Deadline deadline, const std::function<void()>& watch) {
   const auto r = static_cast<gaspi_rank_t>(peer);
-  check(gaspi_connect(r, ms_left(deadline)), "connecting to rank " + std::to_string(peer));
+  const gaspi_timeout_t ms = ms_left(deadline);
+  check(watched([r, ms] { return gaspi_connect(r, ms); }, watch), "connecting to rank " + std::to_string(peer));
 }
 
-void Gpi2Wire::register_segment(int peer, Deadline deadline) {
+void Gpi2Wire::register_segment(int peer, Deadline deadline, const std::function<void()>& watch) {
   const auto r = static_cast<gaspi_rank_t>(peer);
   // Registration goes over GPI-2's service connections, which both sides may be opening to each
   // other at once; a registration lost in that race fails at once and is tried again.
   gaspi_return_t ret;
-  while ((ret = gaspi_segment_register(kSegment, r, ms_left(deadline))) == GASPI_ERROR &&
-         seconds_left(deadline) > 0) {
+  const auto attempt = [r, deadline] { return gaspi_segment_register(kSegment, r, ms_left(deadline)); };
+  while ((ret = watched(attempt, watch)) == GASPI_ERROR && seconds_left(deadline) > 0 &&
+         descriptor_hint().empty()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   check(ret,

@@ -39,16 +39,19 @@ class Gpi2Wire {
   // GASPI_* variables the launcher did not set follow from `hosts` (every rank's address, from
   // the rendezvous); GPI-2's ports start at TNT_GPI2_PORT_BASE, else at `port_base` (rank 0's
   // choice, the same on every rank). GPI-2 can start once per process, as the runtime.
+  // GPI-2 blocks in its start and never notices a dead peer: `watch` (tnt's own connections to
+  // every peer) runs every 50 ms meanwhile and throws to end the start, naming the peer.
   Gpi2Wire(int rank, int size, int local_size, const std::vector<std::string>& hosts,
-           const std::string& port_base, SegmentView mine, Deadline deadline);
+           const std::string& port_base, SegmentView mine, Deadline deadline,
+           const std::function<void()>& watch);
   ~Gpi2Wire();
   Gpi2Wire(const Gpi2Wire&) = delete;
   Gpi2Wire& operator=(const Gpi2Wire&) = delete;
 
   // Connects GPI-2 to `peer` (once per pair), then gives it our segment; the peer may write to
   // us once both returned on both sides (the Fabric's store says so).
-  void connect(int peer, Deadline deadline);
-  void register_segment(int peer, Deadline deadline);
+  void connect(int peer, Deadline deadline, const std::function<void()>& watch);
+  void register_segment(int peer, Deadline deadline, const std::function<void()>& watch);
   // Starts turning notifications into our segment's notification words; `on_bye(peer)` runs on
   // the poller once everything `peer` wrote before its goodbye has landed.
   void start(std::function<void(int)> on_bye);

@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 
 from rich.console import Console
 
-from tnt_launch import __version__, _agent, check_build, jobs
+from tnt_launch import __version__, _agent, check_build, gpi2, jobs
 from tnt_launch.command import EXECUTABLE, PYTHON, SCRIPT, classify, python_target
 from tnt_launch.config import (
     FOREVER_S,
@@ -28,7 +28,7 @@ from tnt_launch.config import (
 )
 from tnt_launch.display import render_plan, write_plan
 from tnt_launch.hosts import Host, resolve_hosts
-from tnt_launch.plan import HostFacts, JobIdentity, Plan, RankSpec, build_plan
+from tnt_launch.plan import HostFacts, JobIdentity, Plan, RankSpec, build_plan, gpi2_sockets
 from tnt_launch.spawn import SshSettings, query_hosts, registry_override
 from tnt_launch.supervise import Supervisor
 
@@ -151,7 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
                               "tensor alone (default: the library's)")
     runtime.add_argument("--transport", choices=TRANSPORTS, default="auto",
                          help="how ranks exchange data (default: %(default)s: shared memory on a "
-                              "host, TCP between hosts)")
+                              "host, TCP between hosts, or GPI-2 where tnt_comm is built for "
+                              "InfiniBand/RoCE; gpi2: GPI-2 between all ranks)")
     runtime.add_argument("--timeout", dest="timeout_s", type=_timeout, metavar="SECONDS",
                          help="give up on a collective operation that makes no progress for "
                               "SECONDS; 'inf' (or any value of 1e9 or more) waits forever "
@@ -391,6 +392,24 @@ def _finish(plan: Plan, ssh: SshSettings, silent: Sequence[str] = ()) -> None:
                   file=sys.stderr)
 
 
+def _identity(
+    config: LaunchConfig, hosts: Sequence[Host], facts: Mapping[str, HostFacts], port: int
+) -> JobIdentity:
+    """A new job id and token; for --transport gpi2 also the machinefile's path and a GPI-2 port
+    base that is free here and held by no other running job of this user."""
+    job_id = secrets.token_hex(6)
+    machinefile = None
+    port_base = None
+    if config.transport == "gpi2":
+        # In the private registry folder, named by the job: its finish and --cleanup remove it.
+        registry = jobs.registry_path(registry_override())
+        machinefile = jobs.machinefile_path(registry, job_id)
+        sockets = gpi2_sockets(config, hosts, facts, os.environ)
+        if sockets:
+            port_base = gpi2.free_port_base(sockets, jobs.gpi2_port_bases(registry))
+    return JobIdentity(job_id, secrets.token_hex(16), port, port_base, machinefile)
+
+
 def _stdout_is_tty() -> bool:
     try:
         return sys.stdout.isatty()
@@ -404,7 +423,7 @@ def launch(config: LaunchConfig) -> int:
     if not config.dry_run:
         _check_script(config, hosts)
     facts, port, assumed = _probe(config, hosts, ssh)
-    identity = JobIdentity(secrets.token_hex(6), secrets.token_hex(16), port)
+    identity = _identity(config, hosts, facts, port)
     plan = build_plan(config, hosts, facts, identity, os.environ, stdout_tty=_stdout_is_tty())
     for warning in plan.warnings:
         print(f"tnt-launch: warning: {warning}", file=sys.stderr)
@@ -435,16 +454,26 @@ def launch(config: LaunchConfig) -> int:
             "script": config.registered_script,
             "script_path": _script_path(config),
             "processes": [jobs.process_entry(os.getpid())],
+            # Keeps the range from other jobs of this user starting before this one binds it.
+            "gpi2_port_base": plan.gpi2_port_base,
         },
     )
     supervisor = Supervisor(plan, config, ssh, lambda spec: _rank_request(config, plan, spec))
     try:
+        if plan.gpi2_machinefile is not None:
+            try:
+                jobs.write_machinefile(plan.gpi2_machinefile, plan.gpi2_machines)
+            except OSError as e:
+                message = f"cannot write the GPI-2 machinefile {plan.gpi2_machinefile}"
+                raise LaunchError(f"{message}: {e.strerror}") from None
         return supervisor.run()
     finally:
         try:
             _finish(plan, ssh, supervisor.silent_hosts)
         finally:
             jobs.remove_entry(entry)
+            if plan.gpi2_machinefile is not None:
+                jobs.remove_entry(plan.gpi2_machinefile)
 
 
 def cleanup(config: LaunchConfig) -> int:

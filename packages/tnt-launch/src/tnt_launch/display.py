@@ -138,6 +138,8 @@ def write_plan(plan: Plan, out: TextIO, assumed: Sequence[str] = ()) -> None:
     lines = [_title(plan), *(rank_line(spec) for spec in plan.ranks)]
     lines += ["Environment exported to the ranks:", *environment_lines(plan)]
     lines.append(describe_timeout(plan.timeout))
+    if plan.gpi2 is not None:
+        lines.append(one_line(plan.gpi2))
     if assumed:
         lines.append(_assumed(assumed))
     lines.append(_DONE)
@@ -172,6 +174,8 @@ def render_plan(plan: Plan, console: Console, assumed: Sequence[str] = ()) -> No
         env.add_row(Text(name), Text(value))
     console.print(env)
     console.print(Text(describe_timeout(plan.timeout)))
+    if plan.gpi2 is not None:
+        console.print(Text(one_line(plan.gpi2)))
     if assumed:
         console.print(Text(_assumed(assumed)))
     console.print(Text(_DONE))

@@ -18,6 +18,7 @@ import os
 import re
 import signal
 import time
+from collections.abc import Sequence
 from typing import Any
 
 GRACE_S = 5.0
@@ -30,13 +31,18 @@ class RegistryError(RuntimeError):
     """The registry folder cannot be used safely."""
 
 
+def registry_path(override: str | None = None) -> str:
+    """The registry folder of this user on this host, without creating it (for --dry-run)."""
+    return override or os.path.join("/tmp", f"tnt-launch-{os.getuid()}")
+
+
 def registry_dir(override: str | None = None) -> str:
     """Return the registry folder of this user on this host, creating it private (0700).
 
     It lives in /tmp, not in the home folder, because PIDs are per host and homes are often shared
     between hosts. `override` (from TNT_LAUNCH_REGISTRY) replaces it, e.g. to isolate tests.
     """
-    path = override or os.path.join("/tmp", f"tnt-launch-{os.getuid()}")
+    path = registry_path(override)
     os.makedirs(path, mode=0o700, exist_ok=True)
     st = os.lstat(path)
     if not os.path.isdir(path) or os.path.islink(path) or st.st_uid != os.getuid():
@@ -187,6 +193,40 @@ def read_entries(directory: str) -> list[tuple[str, dict[str, Any]]]:
     return entries
 
 
+def machinefile_path(directory: str, job_id: str) -> str:
+    """Where the launcher keeps the GPI-2 machinefile of job `job_id`: beside its entry, in the
+    private registry folder, so that finishing or cleaning up the job removes it too."""
+    return os.path.join(directory, f"{job_id}.gpi2-machines")
+
+
+def _remove_machinefile(directory: str, job_id: str) -> None:
+    # Job ids come from entries; one that is not ours in form names no file of ours either.
+    if _JOB_ID.match(job_id):
+        remove_entry(machinefile_path(directory, job_id))
+
+
+def write_machinefile(path: str, hosts: Sequence[str]) -> None:
+    """Atomically write a GPI-2 machinefile, private (0600): one host a line, one line per rank in
+    rank order. Every line ends in a newline, the last one too: GPI-2 cuts each line's last
+    character as its newline."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write("".join(host + "\n" for host in hosts))
+    os.replace(tmp, path)
+
+
+def gpi2_port_bases(directory: str) -> set[int]:
+    """The TNT_GPI2_PORT_BASE of every job registered here whose launcher still runs: a job
+    holds its range from the start, before its ranks bind the ports."""
+    bases: set[int] = set()
+    for _, data in read_entries(directory):
+        base = data.get("gpi2_port_base")
+        if isinstance(base, int) and _live_processes(data):
+            bases.add(base)
+    return bases
+
+
 def process_entry(pid: int) -> dict[str, int | None]:
     """The identity of a process as entries store it."""
     return {"pid": pid, "start": start_time(pid)}
@@ -243,6 +283,8 @@ def cleanup(
         if not any(procs for _, _, procs in live):
             for path, _ in entries:
                 remove_entry(path)
+            # Left by a launcher that was killed (SIGKILL) before it could tidy up.
+            _remove_machinefile(directory, job_id)
             continue
         if not any(script_matches(data, script, script_path) for _, data in entries):
             continue
@@ -287,15 +329,17 @@ def cleanup(
     for job_id in stopped_ids:
         for path, _ in by_job[job_id]:
             remove_entry(path)
+        _remove_machinefile(directory, job_id)
     return stopped
 
 
 def finish_job(directory: str, job_id: str, shm: bool = True) -> dict[str, int]:
     """Make sure nothing of job `job_id` is left on this host once the job has ended.
 
-    Kills any of its registered processes still alive and removes its entries; with `shm`, also
-    removes shared memory files /dev/shm/tnt-<job_id>-* that the collectives library could not
-    unlink itself (for example because a rank was killed while mapping them).
+    Kills any of its registered processes still alive and removes its entries and its GPI-2
+    machinefile; with `shm`, also removes shared memory files /dev/shm/tnt-<job_id>-* that the
+    collectives library could not unlink itself (for example because a rank was killed while
+    mapping them).
     """
     if not _JOB_ID.match(job_id):
         raise ValueError(f"invalid job id {job_id!r}")
@@ -309,6 +353,7 @@ def finish_job(directory: str, job_id: str, shm: bool = True) -> dict[str, int]:
             signal_tree(proc["pid"], proc.get("start"), signal.SIGKILL)
             killed += 1
         remove_entry(path)
+    _remove_machinefile(directory, job_id)
     removed = 0
     uid = os.getuid()
     for path in glob.glob(f"/dev/shm/tnt-{job_id}-*") if shm else ():

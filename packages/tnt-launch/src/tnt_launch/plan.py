@@ -8,6 +8,7 @@ printed without starting or contacting anything.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,14 @@ CARRIED_VARIABLES = (
 )
 CARRIED_PREFIXES = ("TNT_", "TF_", "OMP_", "KMP_", "XLA_", "NCCL_", "PYTHON")
 NOT_CARRIED = ("TNT_SSH_OPTS", "TNT_LAUNCH_REGISTRY")
+
+# --transport gpi2: GPI-2 ranks start from GASPI_RANK, GASPI_SOCKET, GASPI_NRANKS and GASPI_MFILE.
+# tnt-comm takes all four or derives all four itself, never some, so they are set together.
+GPI2_PORT_BASE = "TNT_GPI2_PORT_BASE"
+GPI2_NO_MACHINEFILE = "/dev/null"
+"""GASPI_MFILE of every rank but 0: GPI-2 reads the machinefile on rank 0 only."""
+_GPI2_NAME_MAX = 62
+"""GPI-2 skips machinefile lines of 64 bytes or more, newline included."""
 
 
 class PlanError(LaunchError):
@@ -70,6 +79,10 @@ class JobIdentity:
     job_id: str
     token: str
     master_port: int
+    gpi2_port_base: int | None = None
+    """TNT_GPI2_PORT_BASE picked for --transport gpi2; None leaves the choice to tnt-comm."""
+    gpi2_machinefile: str | None = None
+    """Where the launcher writes the GPI-2 machinefile; needed for --transport gpi2."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +119,14 @@ class Plan:
     """TNT_TIMEOUT_S as the ranks see it ("inf": no timeout); None: unset, the library's default."""
     notes: tuple[str, ...] = ()
     """Facts worth an INFO line but not a warning (all ranks on CPUs where no host has a GPU)."""
+    gpi2_machinefile: str | None = None
+    """The GPI-2 machinefile the launcher writes when the job starts; None: it writes none."""
+    gpi2_machines: tuple[str, ...] = ()
+    """Its lines: rank r's host on line r."""
+    gpi2_port_base: int | None = None
+    """The TNT_GPI2_PORT_BASE the launcher picked and set (not one of the user's)."""
+    gpi2: str | None = None
+    """With --transport gpi2: one line on what tnt-launch set up for GPI-2, or why it did not."""
 
     @property
     def size(self) -> int:
@@ -133,6 +154,66 @@ def _carried(environ: Mapping[str, str]) -> dict[str, str]:
         if (name in CARRIED_VARIABLES or name.startswith(CARRIED_PREFIXES))
         and name not in NOT_CARRIED
     }
+
+
+def _user_set(config: LaunchConfig, environ: Mapping[str, str]) -> set[str]:
+    """Variables the user set: in tnt-launch's environment or with -x."""
+    return set(environ) | {name for name, _ in config.exports}
+
+
+def _master_addr(hosts: Sequence[Host]) -> str:
+    if all(h.local for h in hosts):
+        return "127.0.0.1"
+    master_addr = hosts[0].name
+    if is_loopback(master_addr) and not all(is_loopback(h.name) for h in hosts):
+        raise PlanError(
+            f"the first host, {master_addr!r}, hosts rank 0, but ranks on other hosts cannot "
+            "reach it by that name: list it by a name or address the other hosts can reach"
+        )
+    return master_addr
+
+
+def _gpi2_machines(hosts: Sequence[Host], counts: Sequence[int], master_addr: str) -> list[str]:
+    """Rank r's host on line r. Ranks of this host go by TNT_MASTER_ADDR (when rank 0 is here,
+    that is the name other hosts reach it by), and so do loopback hosts (ssh to 127.0.0.2 is this
+    machine too): GPI-2 numbers the ranks of one name as sockets 0, 1, ..., and those pick the
+    ports, so each machine must appear under one name."""
+    machines: list[str] = []
+    for host, count in zip(hosts, counts):
+        name = master_addr if host.local or is_loopback(host.name) else host.name
+        machines.extend([name] * count)
+    return machines
+
+
+def _gpi2_skipped(hosts: Sequence[Host], machines: Sequence[str]) -> str | None:
+    """Why tnt-launch leaves GASPI_* and the port base to tnt-comm, or None if it sets them."""
+    if not hosts[0].local:
+        # GPI-2 reads the machinefile on rank 0's host, where tnt-launch writes nothing; tnt-comm's
+        # rank 0 writes one there itself, and picks ports that are free there.
+        return f"rank 0 runs on {hosts[0].name}, not on this host"
+    too_long = next((name for name in machines if len(name) > _GPI2_NAME_MAX), None)
+    if too_long is not None:
+        return (f"host name {too_long} is longer than the {_GPI2_NAME_MAX} characters of a GPI-2 "
+                "machinefile line")
+    return None
+
+
+def gpi2_sockets(
+    config: LaunchConfig,
+    hosts: Sequence[Host],
+    facts: Mapping[str, HostFacts],
+    environ: Mapping[str, str],
+) -> int:
+    """How many GPI-2 sockets (ranks on one host) the TNT_GPI2_PORT_BASE that the launcher picks
+    must leave room for; 0 when it picks none: another transport, the user's own
+    TNT_GPI2_PORT_BASE, or GPI-2's set-up left to tnt-comm (see `_gpi2_skipped`)."""
+    if config.transport != "gpi2" or GPI2_PORT_BASE in _user_set(config, environ):
+        return 0
+    counts = [_ranks_per_host(config, h, facts[h.name]) for h in hosts]
+    machines = _gpi2_machines(hosts, counts, _master_addr(hosts))
+    if _gpi2_skipped(hosts, machines) is not None:
+        return 0
+    return max(Counter(machines).values())
 
 
 def _ranks_per_host(config: LaunchConfig, host: Host, facts: HostFacts) -> int:
@@ -186,6 +267,10 @@ def build_plan(
     `--no-gpu` is given, ranks use one GPU each when every host has a GPU for each of its ranks;
     otherwise all ranks run on CPUs, with a warning when some host has GPUs that go unused (only a
     note when no host has any GPU). Raises PlanError when pinning is asked for and cannot be done.
+
+    With `--transport gpi2` and rank 0 on this host, ranks also get GPI-2's GASPI_* variables for
+    the machinefile `identity.gpi2_machinefile` (whose lines are `Plan.gpi2_machines`; the caller
+    writes it) and `identity.gpi2_port_base` as TNT_GPI2_PORT_BASE, unless the user set one.
     """
     if config.script is None:
         raise PlanError("no script given")
@@ -213,17 +298,8 @@ def build_plan(
             else:
                 notes.append(f"running all ranks on CPUs: {details}")
 
-    if all(h.local for h in hosts):
-        master_addr = "127.0.0.1"
-    else:
-        master_addr = hosts[0].name
-        if is_loopback(master_addr) and not all(is_loopback(h.name) for h in hosts):
-            raise PlanError(
-                f"the first host, {master_addr!r}, hosts rank 0, but ranks on other hosts cannot "
-                "reach it by that name: list it by a name or address the other hosts can reach"
-            )
-
-    user_set = set(environ) | {name for name, _ in config.exports}
+    master_addr = _master_addr(hosts)
+    user_set = _user_set(config, environ)
     carried = _carried(environ)
     interpreter = list(config.python_interpreter)
     log_level = config.log_level
@@ -231,6 +307,41 @@ def build_plan(
         if name == "TNT_LOG_LEVEL":
             log_level = value.strip().upper()
     tf_log_level = TF_LOG_DEBUG if log_level == "DEBUG" else TF_LOG_QUIET
+
+    # --transport gpi2: GPI-2's own variables, from a machinefile the launcher writes on this host.
+    machines: list[str] = []
+    machinefile = ""
+    sockets: list[int] = []
+    port_base = None
+    gpi2_note = None
+    if config.transport == "gpi2":
+        machines = _gpi2_machines(hosts, counts, master_addr)
+        skipped = _gpi2_skipped(hosts, machines)
+        if skipped is not None:
+            machines = []
+            gpi2_note = (
+                f"GPI-2: {skipped}: tnt-comm derives GASPI_* from its rendezvous (and picks "
+                f"{GPI2_PORT_BASE}, unless set) when the job starts."
+            )
+        else:
+            if identity.gpi2_machinefile is None:
+                raise ValueError("--transport gpi2 needs the path of the job's machinefile")
+            machinefile = identity.gpi2_machinefile
+            seen: Counter[str] = Counter()
+            for name in machines:
+                sockets.append(seen[name])
+                seen[name] += 1
+            if GPI2_PORT_BASE in user_set:
+                ports = f"ports from {GPI2_PORT_BASE} as you set it"
+            elif identity.gpi2_port_base is not None:
+                port_base = identity.gpi2_port_base
+                ports = f"ports from {GPI2_PORT_BASE}={port_base}, free here when planned"
+            else:
+                ports = "ports picked by tnt-comm"
+            gpi2_note = (
+                f"GPI-2: machinefile {machinefile} ({len(machines)} line(s), read by "
+                f"rank 0), written when the job starts and removed when it ends; {ports}."
+            )
 
     ranks = []
     rank = 0
@@ -274,6 +385,15 @@ def build_plan(
                     "TNT_TRANSPORT": config.transport,
                 }
             )
+            if machines:
+                # The socket is the rank's index among the ranks of its machinefile name, as
+                # GPI-2 counts it: the local rank, unless two host entries are one machine.
+                env["GASPI_RANK"] = str(rank)
+                env["GASPI_SOCKET"] = str(sockets[rank])
+                env["GASPI_NRANKS"] = str(size)
+                env["GASPI_MFILE"] = machinefile if rank == 0 else GPI2_NO_MACHINEFILE
+                if port_base is not None:
+                    env[GPI2_PORT_BASE] = str(port_base)
             if config.fusion_threshold_kb is not None:
                 env["TNT_FUSION_THRESHOLD_KB"] = str(config.fusion_threshold_kb)
             if config.timeout_s is not None:
@@ -327,4 +447,8 @@ def build_plan(
         warnings=tuple(warnings),
         notes=tuple(notes),
         timeout=ranks[0].env.get("TNT_TIMEOUT_S", environ.get("TNT_TIMEOUT_S")) if ranks else None,
+        gpi2_machinefile=machinefile or None,
+        gpi2_machines=tuple(machines),
+        gpi2_port_base=port_base,
+        gpi2=gpi2_note,
     )
