@@ -20,8 +20,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-# TNT_TEST_TRANSPORT=gpi2 runs every job of the suite over GPI-2: each rank on a fake host of its
-# own (unless a test splits them itself), so every pair of hosts talks through GPI-2.
+# TNT_TEST_TRANSPORT=gpi2 runs every job of the suite over GPI-2: TNT_TRANSPORT=gpi2 joins every
+# pair of ranks through GPI-2, on one host and between the fake hosts a test makes (TNT_NODE_RANK).
 GPI2 = os.environ.get("TNT_TEST_TRANSPORT") == "gpi2"
 # The transport expected between (fake) hosts, and between the ranks of a job left on one host.
 BETWEEN_HOSTS = "gpi2" if GPI2 else "tcp"
