@@ -59,6 +59,17 @@ def env(c: Cluster) -> dict[str, str]:
     return dict(os.environ, TNT_SSH_OPTS=c.ssh_options)
 
 
+def run_job(
+    c: Cluster, hosts: int, transport: str, tmp_path: Path, code: str, timeout_s: int, wait_s: float
+) -> subprocess.CompletedProcess[str]:
+    """Runs ``code`` on ``hosts`` hosts x PER_HOST ranks over ``transport``, every rank's output shown."""
+    script = tmp_path / "job.py"
+    script.write_text(code)
+    args = (*transport_args(transport), "--output-on-all-devices", "--timeout", str(timeout_s), "--", str(script))
+    argv = launch_argv(c, hosts, tmp_path, *args)
+    return subprocess.run(argv, env=env(c), capture_output=True, text=True, timeout=wait_s, check=False)
+
+
 def job_processes(marker: str) -> list[psutil.Process]:
     """Live processes whose command line names ``marker`` (a script path unique to one test)."""
     found = []
@@ -122,20 +133,7 @@ print(f"OK rank {r} of {n}: {kinds}", flush=True)
 @pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("hosts", [2, 3])
 def test_collectives_exact_across_hosts(cluster: Cluster, hosts: int, transport: str, tmp_path: Path) -> None:
-    script = tmp_path / "collectives.py"
-    script.write_text(COLLECTIVES)
-    argv = launch_argv(
-        cluster,
-        hosts,
-        tmp_path,
-        *transport_args(transport),
-        "--output-on-all-devices",
-        "--timeout",
-        "60",
-        "--",
-        str(script),
-    )
-    done = subprocess.run(argv, env=env(cluster), capture_output=True, text=True, timeout=150, check=False)
+    done = run_job(cluster, hosts, transport, tmp_path, COLLECTIVES, timeout_s=60, wait_s=150)
     assert done.returncode == 0, done.stdout + done.stderr
     n = hosts * PER_HOST
     for r in range(n):
@@ -176,20 +174,7 @@ def test_keras_training_equals_serial_across_hosts(
     cluster: Cluster, hosts: int, transport: str, tmp_path: Path
 ) -> None:
     """2 and 3 hosts x 2 ranks train a global batch of 24 as one process does."""
-    script = tmp_path / "train.py"
-    script.write_text(TRAIN)
-    argv = launch_argv(
-        cluster,
-        hosts,
-        tmp_path,
-        *transport_args(transport),
-        "--output-on-all-devices",
-        "--timeout",
-        "120",
-        "--",
-        str(script),
-    )
-    done = subprocess.run(argv, env=env(cluster), capture_output=True, text=True, timeout=380, check=False)
+    done = run_job(cluster, hosts, transport, tmp_path, TRAIN, timeout_s=120, wait_s=380)
     assert done.returncode == 0, done.stdout + done.stderr[-4000:]
     assert len(re.findall(r"RESULT rank \d diff", done.stdout)) == hosts * PER_HOST, done.stdout
 

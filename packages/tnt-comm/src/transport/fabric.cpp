@@ -253,12 +253,17 @@ void Fabric::rendezvous(const Identity& id) {
     // GPI-2 takes seconds to start on a loaded host, so it (and the rest of the rendezvous, which
     // waits on the slowest rank's start) gets at least 30 s whatever TNT_TIMEOUT_S.
     deadline = std::max(deadline, deadline_after(30.0));
-    if (rank_ == 0 && std::getenv("TNT_GPI2_PORT_BASE") == nullptr) {
-      const int here = static_cast<int>(std::count(host.begin(), host.end(), host[0]));
-      store.set(prefix + "gpi2-port-base", std::to_string(gpi2_free_port_base(here)));
+    // GPI-2's ports: the job's TNT_GPI2_PORT_BASE (tnt-launch's or the user's), else a base rank 0
+    // finds free on its host, the same for every rank.
+    const char* fixed_base = std::getenv("TNT_GPI2_PORT_BASE");
+    std::string port_base = fixed_base != nullptr ? fixed_base : "";
+    if (port_base.empty()) {
+      if (rank_ == 0) {
+        const int here = static_cast<int>(std::count(host.begin(), host.end(), host[0]));
+        store.set(prefix + "gpi2-port-base", std::to_string(gpi2_free_port_base(here)));
+      }
+      port_base = store.get(prefix + "gpi2-port-base", deadline);
     }
-    const std::string port_base =
-        std::getenv("TNT_GPI2_PORT_BASE") != nullptr ? "" : store.get(prefix + "gpi2-port-base", deadline);
     // GPI-2 never notices a dead peer; our connection to every peer does, so a rank that dies
     // while GPI-2 starts ends the start at once, named, instead of at GPI-2's timeout.
     const auto watch = [&] {

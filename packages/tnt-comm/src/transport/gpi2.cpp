@@ -159,29 +159,23 @@ void check(gaspi_return_t ret, const std::string& what) {
               descriptor_hint());
 }
 
-// Moves GPI-2's ports to this job's own range (TNT_GPI2_PORT_BASE, set per job by tnt-launch):
-// the service network listens at base+socket and base+256+socket, the Ethernet device at
-// base+512+socket (socket: the rank's index among the ranks of its host).
-void configure(const char* base) {
+// Moves GPI-2's ports to this job's own range, starting at `base`: the service network listens at
+// base+socket and base+256+socket, the Ethernet device at base+512+socket (socket: the rank's
+// index among the ranks of its host).
+void configure(const std::string& base) {
+  char* end = nullptr;
+  const long b = std::strtol(base.c_str(), &end, 10);
+  if (base.empty() || *end != '\0' || b < 1024 || b > 65535 - 1024) {
+    throw InvalidArgument("TNT_GPI2_PORT_BASE=" + base +
+                          " is not a port in [1024, 64511] (the job uses 1024 ports above it)");
+  }
   gaspi_config_t config;
   check(gaspi_config_get(&config), "reading the configuration");
   config.logger = 0;
   config.build_infrastructure = GASPI_TOPOLOGY_NONE;  // we connect to the peers we need
-  if (base != nullptr) {
-    char* end = nullptr;
-    const long b = std::strtol(base, &end, 10);
-    if (*end != '\0' || b < 1024 || b > 65535 - 1024) {
-      throw InvalidArgument(std::string("TNT_GPI2_PORT_BASE=") + base +
-                            " is not a port in [1024, 64511] (the job uses 1024 ports above it)");
-    }
-    config.sn_port = static_cast<gaspi_uint>(b);
-  }
+  config.sn_port = static_cast<gaspi_uint>(b);
   check(gaspi_config_set(config), "setting the configuration");
-  if (base != nullptr) {
-    if (config.network == GASPI_ETHERNET) {
-      glb_gaspi_cfg.dev_config.params.tcp.port = static_cast<gaspi_uint>(std::strtol(base, nullptr, 10) + 512);
-    }
-  }
+  if (config.network == GASPI_ETHERNET) glb_gaspi_cfg.dev_config.params.tcp.port = static_cast<gaspi_uint>(b + 512);
 }
 
 }  // namespace
@@ -228,7 +222,7 @@ Gpi2Wire::Gpi2Wire(int rank, int size, int local_size, const std::vector<std::st
     ::setrlimit(RLIMIT_NOFILE, &files);
   }
   const std::string machinefile = prepare_environment(rank, size, hosts);
-  configure(env("TNT_GPI2_PORT_BASE") != nullptr ? env("TNT_GPI2_PORT_BASE") : port_base.c_str());
+  configure(port_base);
   const gaspi_timeout_t ms = ms_left(deadline);
   const gaspi_return_t init = watched([ms] { return gaspi_proc_init(ms); }, watch);
   if (!machinefile.empty()) ::unlink(machinefile.c_str());

@@ -37,8 +37,8 @@ class Gpi2Wire {
  public:
   // Starts GPI-2 in this process (every rank of the job must) and registers `mine` as segment 0.
   // GASPI_* variables the launcher did not set follow from `hosts` (every rank's address, from
-  // the rendezvous); GPI-2's ports start at TNT_GPI2_PORT_BASE, else at `port_base` (rank 0's
-  // choice, the same on every rank). GPI-2 can start once per process, as the runtime.
+  // the rendezvous); GPI-2's ports start at `port_base` (the job's TNT_GPI2_PORT_BASE, or rank 0's
+  // choice: the same on every rank). GPI-2 can start once per process, as the runtime.
   // GPI-2 blocks in its start and never notices a dead peer: `watch` (tnt's own connections to
   // every peer) runs every 50 ms meanwhile and throws to end the start, naming the peer.
   Gpi2Wire(int rank, int size, int local_size, const std::vector<std::string>& hosts,
