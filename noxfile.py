@@ -248,8 +248,9 @@ def bench(session: nox.Session) -> None:
 
 @nox.session(default=False)
 def bench_cluster(session: nox.Session) -> None:
-    """Allreduce across a cluster of network namespaces with shaped links (root): tnt host-aware,
-    tnt flat and Gloo; writes docs/cluster_allreduce.png with --out. Posargs go to it."""
+    """Allreduce across a cluster of network namespaces with shaped links (root): tnt host-aware and
+    flat over tcp and (with GPI2_ROOT set) gpi2, and Gloo; writes docs/cluster_allreduce.png with
+    --out. Posargs go to it."""
     install_comm(session)
     session.install(str(LAUNCH), "matplotlib>=3.7", "torch==2.13.0")
     session.run("python", str(ROOT / "benchmarks" / "cluster_allreduce.py"), *session.posargs)
