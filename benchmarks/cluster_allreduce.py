@@ -42,7 +42,21 @@ CONFIGS = {  # name: (worker library, variables for every rank)
     "tnt flat gpi2": ("tnt", {"TNT_TRANSPORT": "gpi2", "TNT_ALLREDUCE": "flat"}),
     "Gloo": ("gloo", {"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"}),
 }
-ITERS = {1: (20, 2), 16: (6, 1), 64: (4, 1)}  # MiB: (timed iterations, warm-up) per pass
+ITERS = {16 << 10: (100, 10), 64 << 10: (60, 5), 1 << 20: (20, 2), 16 << 20: (6, 1), 64 << 20: (4, 1)}
+# bytes: (timed iterations, warm-up) per pass; other sizes get ITERS_DEFAULT
+ITERS_DEFAULT = (5, 1)
+
+
+def parse_size(text: str) -> int:
+    """'16K' -> 16384, '1M' -> 1048576 (binary units; a bare number is MiB, as before)."""
+    m = re.fullmatch(r"(\d+)([KkMm]?)", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"size {text!r}: give it as 16K, 1M or 64M")
+    return int(m.group(1)) << (10 if m.group(2).upper() == "K" else 20)
+
+
+def label(size: int) -> str:
+    return f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
 
 
 def rate_bytes(rate: str) -> float:
@@ -64,7 +78,7 @@ def run_config(
             {
                 "results": str(results),
                 "sizes": [
-                    {"bytes": s << 20, "iters": ITERS.get(s, (5, 1))[0], "warmup": ITERS.get(s, (5, 1))[1]}
+                    {"bytes": s, "iters": ITERS.get(s, ITERS_DEFAULT)[0], "warmup": ITERS.get(s, ITERS_DEFAULT)[1]}
                     for s in sizes
                 ],
             }
@@ -107,10 +121,10 @@ def run_config(
         per_rank.append({r["size"]: r for r in records if "size" in r})
     times: dict[int, list[float]] = {}
     for s in sizes:
-        rows = [rank[s << 20] for rank in per_rank]
+        rows = [rank[s] for rank in per_rank]
         for row in rows:
             if "error" in row:
-                raise RuntimeError(f"{lib} at {s} MiB: {row['error']}")
+                raise RuntimeError(f"{lib} at {label(s)}: {row['error']}")
         times[s] = [max(ns) / 1e9 for ns in zip(*(row["ns"] for row in rows), strict=True)]
     shutil.rmtree(results, ignore_errors=True)
     return times
@@ -122,7 +136,9 @@ def main() -> int:
     parser.add_argument("--per-host", type=int, default=2)
     parser.add_argument("--rate", default="1gbit", help="link rate of every host, as tc takes it")
     parser.add_argument("--delay", help="one-way delay of every link, as tc takes it (needs sch_netem)")
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 16, 64], help="MiB")
+    parser.add_argument(
+        "--sizes", type=parse_size, nargs="+", default=[16 << 10, 1 << 20, 16 << 20, 64 << 20], help="16K, 1M, 64M..."
+    )
     parser.add_argument("--passes", type=int, default=2)
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--env", nargs="+", default=[], metavar="KEY=VALUE", help="more variables for every rank")
@@ -169,10 +185,10 @@ def main() -> int:
     rows = []
     summary: dict[str, dict[int, float]] = {c: {} for c in args.configs}
     for s in args.sizes:
-        cells = [f"{s} MiB"]
+        cells = [label(s)]
         for c in args.configs:
             t = statistics.median(times[c][s])
-            busbw = (s << 20) / t * factor
+            busbw = s / t * factor
             summary[c][s] = busbw
             cells.append(f"{t * 1e3:8.1f} ms {busbw / 1e6:6.1f} MB/s {100 * busbw / link:4.0f}%")
         rows.append(cells)
@@ -183,7 +199,7 @@ def main() -> int:
         for other in ("tnt flat", "Gloo", "tnt host-aware gpi2"):
             if other in summary:
                 ratios = ", ".join(
-                    f"{s} MiB {summary['tnt host-aware'][s] / summary[other][s]:.2f}x" for s in args.sizes
+                    f"{label(s)} {summary['tnt host-aware'][s] / summary[other][s]:.2f}x" for s in args.sizes
                 )
                 print(f"host-aware / {other} busbw: {ratios}")
     print(f"total {time.monotonic() - started:.0f} s")
@@ -209,7 +225,7 @@ def main() -> int:
             ax.plot(args.sizes, [summary[c][s] / 1e6 for s in args.sizes], marker="o", label=c)
         ax.axhline(link / 1e6, color="gray", linestyle="--", label=f"link rate ({args.rate})")
         ax.set_xscale("log", base=2)
-        ax.set_xticks(args.sizes, [f"{s} MiB" for s in args.sizes])
+        ax.set_xticks(args.sizes, [label(s) for s in args.sizes])
         ax.set_ylabel("busbw over hosts (MB/s)")
         ax.set_title(f"allreduce, {h} hosts x {args.per_host} ranks, {args.rate} links", fontsize=10)
         ax.legend(fontsize=8)

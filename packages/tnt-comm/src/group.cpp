@@ -89,6 +89,7 @@ const std::shared_ptr<const Members>& Group::members(Runtime& rt) {
     }
   }
   m->host_aware = rt.allreduce_algorithm() != "flat" && host_aware_fits(*m);
+  m->via_leaders = rt.allreduce_algorithm() != "flat" && leaders_fit(*m);
   members_ = std::move(m);
   return members_;
 }
@@ -173,6 +174,9 @@ std::shared_ptr<Operation> Group::allreduce_op(Runtime& rt, const void* in, void
   if (!is_valid(op)) throw InvalidArgument("allreduce: unknown reduction operator");
   Descriptor d = next(static_cast<std::uint32_t>(Kind::allreduce), dtype, op, 0, count);
   const std::size_t bytes = count * dtype_size(dtype);
+  if (bytes <= kOneShotBytes && members(rt)->via_leaders) {
+    return make_allreduce_via_leaders(members(rt), d, in, out, count, dtype, op);
+  }
   if (bytes <= kOneShotBytes && size() <= 8) {
     return make_allreduce_one_shot(members(rt), d, in, out, count, dtype, op);
   }

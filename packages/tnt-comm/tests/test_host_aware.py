@@ -1,8 +1,10 @@
 """The host-aware allreduce: ranks on fake hosts (TNT_NODE_RANK), shm within a host, TCP across.
 
-Which algorithm ran is visible in the result's bits: in float32, 1e8 + 1 == 1e8, so the ranks'
-values 1e8, 1, -1e8, 1 (and zeros) sum to 1 in rank order (the flat algorithm) and to 0 when each
-host sums first ({1e8, 1} -> 1e8, {-1e8, 1} -> -1e8) and the hosts then add up.
+Which algorithm ran is visible in the result's bits: in float32, 1e8 + 1 == 1e8, so the values
+1e8, 1 on the first two ranks of host 0 and -1e8, 1 on those of host 1 (zeros elsewhere) sum to 1
+in rank order (the flat algorithms) and to 0 when each host sums first ({1e8, 1} -> 1e8,
+{-1e8, 1} -> -1e8) and the hosts then add up. Small buffers go through one leader per host, also
+when hosts differ in size; large ones take the host-aware ring only when they are all the same size.
 """
 
 from __future__ import annotations
@@ -15,16 +17,33 @@ from ranks import BETWEEN_HOSTS, ONE_HOST, run
 CHECK = """
 import hashlib, os, numpy as np, tnt_comm as tc
 r, n = tc.rank(), tc.size()
-flat = os.environ.get("TNT_ALLREDUCE") == "flat" or os.environ.get("EXPECT_FLAT") == "1"
+asked_flat = os.environ.get("TNT_ALLREDUCE") == "flat"
+flat = asked_flat or os.environ.get("EXPECT_FLAT") == "1"
 
-values = [1e8, 1.0, -1e8, 1.0] + [0.0] * (n - 4)
+place = (int(os.environ["TNT_NODE_RANK"]), int(os.environ["TNT_LOCAL_RANK"]))
+VALUES = {(0, 0): 1e8, (0, 1): 1.0, (1, 0): -1e8, (1, 1): 1.0}
+places = [tuple(p) for p in tc.allgather(np.array(place, np.int64)).tolist()]
+values = [VALUES.get(p, 0.0) for p in places]
+
+def f32_sum(xs):  # left to right, in float32
+    total = np.float32(0)
+    for x in xs:
+        total = np.float32(total + np.float32(x))
+    return total
+
+in_rank_order = f32_sum(values)
+hosts_first = f32_sum(f32_sum(v for v, p in zip(values, places) if p[0] == h) for h in sorted({p[0] for p in places}))
+assert in_rank_order != hosts_first or n == 3, "the values no longer tell the algorithms apart"
+for count in (1, 7, 16_384):  # up to the one-shot size (64 KiB): through the leaders
+    y = tc.allreduce(np.full(count, VALUES.get(place, 0.0), np.float32))
+    assert (y == (in_rank_order if asked_flat else hosts_first)).all(), (count, y[:4])
 for count in (100_000, 1_000_003):  # above the one-shot size; the second one spans many chunks
-    y = tc.allreduce(np.full(count, values[r], np.float32))
-    assert (y == (1.0 if flat else 0.0)).all(), (count, y[:4])
+    y = tc.allreduce(np.full(count, VALUES.get(place, 0.0), np.float32))
+    assert (y == (in_rank_order if flat else hosts_first)).all(), (count, y[:4])
 
 # Exact integers (and float64 holding integers): uneven counts, every op that is order-free.
 for dtype in (np.int64, np.int32, np.float64):
-    for count in (16_385, 300_001, 2_000_003):
+    for count in (1, 1_001, 8_192, 16_385, 300_001, 2_000_003):
         xs = [((np.arange(count) * (q + 3)) % 1000).astype(dtype) for q in range(n)]
         assert np.array_equal(tc.allreduce(xs[r]), sum(xs).astype(dtype)), (dtype, count)
         x = xs[r].copy()
@@ -32,10 +51,14 @@ for dtype in (np.int64, np.int32, np.float64):
         assert np.array_equal(x, sum(xs).astype(dtype)), ("in place", dtype, count)
         assert np.array_equal(tc.allreduce(xs[r], op="max"), np.maximum.reduce(xs)), (dtype, count)
         assert np.array_equal(tc.allreduce(xs[r], op="min"), np.minimum.reduce(xs)), (dtype, count)
+        # avg: the exact sum, divided once by the number of ranks (integers truncate)
+        mean = sum(xs) // n if np.dtype(dtype).kind == "i" else sum(xs) / n
+        assert np.array_equal(tc.allreduce(xs[r], op="avg"), mean.astype(dtype)), ("avg", dtype, count)
 
 # Every rank gets the same bits, through fusion buckets too.
 z = np.random.default_rng(r).standard_normal(500_001).astype(np.float32)
 digest = hashlib.sha256(tc.allreduce(z).tobytes())
+digest.update(tc.allreduce(z[:3_000]).tobytes())
 fused = tc.FusedAllreduce([((70_000,), np.float32), ((300_001,), np.float32)], threshold_bytes=1 << 20)
 rng = np.random.default_rng(r)
 parts = [rng.standard_normal(c).astype(np.float32) for c in (70_000, 300_001)]
@@ -69,9 +92,11 @@ def test_flat_when_asked(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(240)
-def test_flat_when_hosts_differ_in_size(tmp_path: Path) -> None:
-    # 5 ranks on 2 hosts: 3 and 2 ranks, so the regions of the hosts would not match.
-    run(5, CHECK, tmp_path, timeout=220, nodes=2, env={"EXPECT_FLAT": "1"})
+@pytest.mark.parametrize("n", [5, 3])
+def test_hosts_of_different_sizes(n: int, tmp_path: Path) -> None:
+    # On 2 hosts, 3 and 2 ranks or 2 and 1: small buffers still go through the leaders; large ones
+    # take the flat algorithm, since the regions of the hosts would not match.
+    run(n, CHECK, tmp_path, timeout=220, nodes=2, env={"EXPECT_FLAT": "1"})
 
 
 @pytest.mark.timeout(60)

@@ -32,6 +32,16 @@ bool host_aware_fits(const Members& members);
 std::shared_ptr<Operation> make_allreduce_host_aware(std::shared_ptr<const Members> members, Descriptor desc,
                                                      const void* in, void* out, std::size_t count, DType dtype,
                                                      ReduceOp op);
+// Whether the leaders' allreduce applies: two to eight hosts, at least one with two or more
+// members (hosts may differ in size).
+bool leaders_fit(const Members& members);
+// For small buffers across hosts: every host sums onto its first member over shared memory, those
+// leaders allreduce in one round trip (one-shot), and each leader broadcasts the result on its host.
+// A host's link carries (H-1) buffers each way instead of the flat one-shot's (local members) x
+// (remote members). Every leader adds the host sums in host order, so all ranks get the same bits.
+std::shared_ptr<Operation> make_allreduce_via_leaders(std::shared_ptr<const Members> members, Descriptor desc,
+                                                      const void* in, void* out, std::size_t count, DType dtype,
+                                                      ReduceOp op);
 // The first half of the direct allreduce: `in` holds n blocks of `count` elements; `out` gets our block.
 std::shared_ptr<Operation> make_reduce_scatter(std::shared_ptr<const Members> members, Descriptor desc, const void* in,
                                                void* out, std::size_t count, DType dtype,

@@ -1,6 +1,7 @@
 // Allreduce and reduce-scatter algorithms (see algorithms.hpp).
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "collectives/algorithms.hpp"
 #include "reduce/kernels.hpp"
@@ -346,6 +347,25 @@ class Phases final : public Operation {
   std::size_t current_ = 0;
 };
 
+// The last phase of an average over phases: they sum, and this divides once by the group's size,
+// as the kernels' avg does (a phase's avg would average averages, wrong when hosts differ in size
+// and along a ring, which adds two inputs at a time).
+class Divide final : public Operation {
+ public:
+  Divide(std::shared_ptr<const Members> m, Descriptor d, void* buf, std::size_t count, DType dtype)
+      : Operation(std::move(m), d), buf_(buf), count_(count), dtype_(dtype) {}
+  void reserve() override {}
+  Progress progress() override {
+    divide(dtype_, buf_, members_->size(), count_);
+    return Progress::done;
+  }
+
+ private:
+  void* buf_;
+  std::size_t count_;
+  DType dtype_;
+};
+
 // The members of the group at `indices` (one of which is us), as a group of their own.
 std::shared_ptr<const Members> subset(const Members& all, const std::vector<int>& indices) {
   auto m = std::make_shared<Members>();
@@ -375,16 +395,60 @@ bool host_aware_fits(const Members& members) {
   return std::all_of(hosts.begin(), hosts.end(), [&](const auto& h) { return h.size() == hosts.front().size(); });
 }
 
+namespace {
+
+// Our host's index in members.hosts and our index on it.
+std::pair<std::size_t, std::size_t> my_place(const Members& members) {
+  for (std::size_t k = 0; k < members.hosts.size(); ++k) {
+    const auto& h = members.hosts[k];
+    const auto it = std::find(h.begin(), h.end(), members.me);
+    if (it != h.end()) return {k, static_cast<std::size_t>(it - h.begin())};
+  }
+  throw Error("allreduce: this rank is on none of its group's hosts");
+}
+
+}  // namespace
+
+bool leaders_fit(const Members& members) {
+  const std::size_t hosts = members.hosts.size();
+  return hosts >= 2 && hosts <= 8 && hosts < static_cast<std::size_t>(members.size());
+}
+
+std::shared_ptr<Operation> make_allreduce_via_leaders(std::shared_ptr<const Members> members, Descriptor desc,
+                                                      const void* in, void* out, std::size_t count, DType dtype,
+                                                      ReduceOp op) {
+  const auto [my_host, my_local] = my_place(*members);
+  const auto& host = members->hosts[my_host];
+  auto local = subset(*members, host);
+  // The leader (the host's first member) owns the whole buffer; the others own empty regions.
+  std::vector<std::size_t> offsets(host.size() + 1, count * dtype_size(dtype));
+  offsets[0] = 0;
+
+  Descriptor within = desc, between = desc, spread = desc;
+  within.group = phase_key(desc.group, 4);
+  between.group = phase_key(desc.group, 5);
+  spread.group = phase_key(desc.group, 6);
+  spread.kind = Kind::broadcast;
+  spread.root = 0;
+
+  const ReduceOp phase_op = op == ReduceOp::avg ? ReduceOp::sum : op;
+  std::vector<std::shared_ptr<Operation>> phases;
+  phases.push_back(std::make_shared<ReduceToOwners>(local, within, in, nullptr, out, offsets, dtype, phase_op, false));
+  if (my_local == 0) {
+    std::vector<int> leaders;
+    for (const auto& h : members->hosts) leaders.push_back(h.front());
+    phases.push_back(make_allreduce_one_shot(subset(*members, leaders), between, out, out, count, dtype, phase_op));
+  }
+  phases.push_back(make_broadcast(local, spread, out, count * dtype_size(dtype), 0));
+  if (op == ReduceOp::avg) phases.push_back(std::make_shared<Divide>(members, desc, out, count, dtype));
+  return std::make_shared<Phases>(std::move(members), desc, std::move(phases));
+}
+
 std::shared_ptr<Operation> make_allreduce_host_aware(std::shared_ptr<const Members> members, Descriptor desc,
                                                      const void* in, void* out, std::size_t count, DType dtype,
                                                      ReduceOp op) {
   const std::size_t elem = dtype_size(dtype);
-  std::size_t my_host = 0, my_local = 0;
-  for (std::size_t k = 0; k < members->hosts.size(); ++k) {
-    const auto& h = members->hosts[k];
-    const auto it = std::find(h.begin(), h.end(), members->me);
-    if (it != h.end()) my_host = k, my_local = static_cast<std::size_t>(it - h.begin());
-  }
+  const auto [my_host, my_local] = my_place(*members);
   const auto& host = members->hosts[my_host];
   std::vector<int> peers_of_my_index;  // member my_local of every host, in host order
   for (const auto& h : members->hosts) peers_of_my_index.push_back(h[my_local]);
@@ -404,11 +468,13 @@ std::shared_ptr<Operation> make_allreduce_host_aware(std::shared_ptr<const Membe
   std::vector<std::size_t> bytes(host.size());
   for (std::size_t m = 0; m < host.size(); ++m) bytes[m] = offsets[m + 1] - offsets[m];
 
+  const ReduceOp phase_op = op == ReduceOp::avg ? ReduceOp::sum : op;
   std::vector<std::shared_ptr<Operation>> phases;
-  phases.push_back(std::make_shared<ReduceToOwners>(local, within, in, nullptr, region, offsets, dtype, op, false));
+  phases.push_back(std::make_shared<ReduceToOwners>(local, within, in, nullptr, region, offsets, dtype, phase_op, false));
   // Across hosts a ring: each rank talks to one rank of one other host (see RingAllreduce).
-  phases.push_back(std::make_shared<RingAllreduce>(across, between, region, region, region_count, dtype, op));
+  phases.push_back(std::make_shared<RingAllreduce>(across, between, region, region, region_count, dtype, phase_op));
   phases.push_back(make_allgatherv(local, gather, region, out, std::move(bytes)));
+  if (op == ReduceOp::avg) phases.push_back(std::make_shared<Divide>(members, desc, out, count, dtype));
   return std::make_shared<Phases>(std::move(members), desc, std::move(phases));
 }
 

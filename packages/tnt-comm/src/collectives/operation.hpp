@@ -28,6 +28,7 @@ struct Members {
   // of their first member; filled for groups, not for the subsets an algorithm makes.
   std::vector<std::vector<int>> hosts;
   bool host_aware = false;  // allreduce uses the host-aware algorithm when it fits (TNT_ALLREDUCE)
+  bool via_leaders = false;  // small allreduces go through one leader per host (TNT_ALLREDUCE)
   int size() const { return static_cast<int>(world_ranks.size()); }
   std::size_t payload_bytes() const { return fabric->payload_bytes(); }
 };

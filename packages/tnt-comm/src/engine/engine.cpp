@@ -137,6 +137,7 @@ bool Engine::drive(Operation* target, Deadline deadline) {
       Operation::Progress p;
       try {
         p = op->progress();
+        if (p == Operation::Progress::done) fabric_.complete_writes();
       } catch (const CollectiveMismatch& e) {
         fabric_.fail(FailureKind::mismatch, -1, e.what(), true);
         break;

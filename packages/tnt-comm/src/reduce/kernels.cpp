@@ -164,7 +164,29 @@ void reduce_op(ReduceOp op, void* out, const void* const* in, int n, std::size_t
   throw InvalidArgument("unknown reduction operator");
 }
 
+template <class Traits>
+void divide_typed(void* buf_v, int n, std::size_t count) {
+  using A = typename Traits::A;
+  auto* buf = static_cast<typename Traits::T*>(buf_v);
+  const A divisor = static_cast<A>(n);
+  for (std::size_t i = 0; i < count; ++i) buf[i] = Traits::store(Traits::load(buf[i]) / divisor);
+}
+
 }  // namespace
+
+void divide(DType dtype, void* buf, int n, std::size_t count) {
+  if (n <= 0 || count == 0) return;
+  switch (dtype) {
+    case DType::float16: return divide_typed<Half>(buf, n, count);
+    case DType::bfloat16: return divide_typed<BFloat16>(buf, n, count);
+    case DType::float32: return divide_typed<Plain<float>>(buf, n, count);
+    case DType::float64: return divide_typed<Plain<double>>(buf, n, count);
+    case DType::int32: return divide_typed<Plain<std::int32_t>>(buf, n, count);
+    case DType::int64: return divide_typed<Plain<std::int64_t>>(buf, n, count);
+    case DType::uint8: return divide_typed<Plain<std::uint8_t>>(buf, n, count);
+  }
+  throw InvalidArgument("unknown dtype");
+}
 
 void reduce(DType dtype, ReduceOp op, void* out, const void* const* inputs, int n, std::size_t count) {
   if (n <= 0 || count == 0) return;

@@ -44,6 +44,11 @@ class Fabric {
     return nodes_[static_cast<std::size_t>(a)] == nodes_[static_cast<std::size_t>(b)];
   }
   Doorbell doorbell() const { return segment_.doorbell(); }
+  // Hands every write this rank posted to the network before a call completes (GPI-2 queues them
+  // in its own thread; shm and tcp writes are already out when write_notify returns).
+  void complete_writes() {
+    if (gpi2_) gpi2_->complete_posted();
+  }
 
   // Records the first failure, wakes every waiter and, if asked, tells every peer (abort frame).
   void fail(FailureKind kind, int culprit, const std::string& message, bool tell_peers);

@@ -31,6 +31,7 @@ namespace tnt {
 Gpi2Build gpi2_build() { return {}; }
 
 Gpi2Wire::~Gpi2Wire() = default;
+void Gpi2Wire::complete_posted() {}
 
 #else
 
@@ -146,10 +147,13 @@ std::string descriptor_hint() {
     ++open;
   }
   const auto limit_fds = static_cast<std::size_t>(limit.rlim_cur);
-  if (ec || open + 64 < limit_fds) return "";
-  return ": this process has " + std::to_string(limit_fds - std::min(open, limit_fds)) + " of its " +
-         std::to_string(limit_fds) + " file descriptors free, and GPI-2 needs a few dozen; raise the "
-         "limit (ulimit -n) or close descriptors";
+  // Counting needs a descriptor itself: with none left, that is the answer.
+  const bool none_left = ec && (ec.value() == EMFILE || ec.value() == ENFILE);
+  if ((ec && !none_left) || (!ec && open + 64 < limit_fds)) return "";
+  const std::size_t free_fds = none_left ? 0 : limit_fds - std::min(open, limit_fds);
+  return ": this process has " + std::to_string(free_fds) + " of its " + std::to_string(limit_fds) +
+         " file descriptors free, and GPI-2 needs a few dozen; raise the limit (ulimit -n) or close "
+         "descriptors";
 }
 
 void check(gaspi_return_t ret, const std::string& what) {
@@ -316,14 +320,32 @@ void Gpi2Wire::write_notify(int peer, std::size_t offset, const Piece* pieces, i
       ret = gaspi_write_notify(kStaging, local, r, kSegment, offset, bytes, note, encoded, kQueue, kPostMs);
     }
     if (ret != GASPI_QUEUE_FULL) break;
-    check(gaspi_wait(kQueue, kPostMs), "completing writes to free the queue");
+    wait_queue("completing writes to free the queue");
   }
   check(ret, "writing to rank " + std::to_string(peer) + " (or its host cannot be reached)");
   // Keep the queue from filling up: complete what was posted once it is half full.
   gaspi_number_t used = 0, max = 0;
   if (gaspi_queue_size(kQueue, &used) == GASPI_SUCCESS && gaspi_queue_size_max(&max) == GASPI_SUCCESS &&
       used * 2 >= max) {
-    check(gaspi_wait(kQueue, kPostMs), "completing writes");
+    wait_queue("completing writes");
+  }
+}
+
+void Gpi2Wire::complete_posted() {
+  std::lock_guard<std::mutex> lock(post_mutex_);
+  wait_queue("completing writes");
+}
+
+void Gpi2Wire::wait_queue(const char* what) {
+  using namespace std::chrono;
+  gaspi_number_t used = 0;
+  if (gaspi_queue_size(kQueue, &used) == GASPI_SUCCESS && used == 0) return;
+  const auto deadline = steady_clock::now() + milliseconds(kPostMs);
+  while (true) {
+    const gaspi_return_t ret = gaspi_wait(kQueue, GASPI_TEST);
+    if (ret != GASPI_TIMEOUT) return check(ret, what);
+    if (steady_clock::now() >= deadline) return check(ret, std::string(what) + " (or a peer's host cannot be reached)");
+    std::this_thread::sleep_for(microseconds(20));
   }
 }
 

@@ -62,6 +62,10 @@ class Gpi2Wire {
   // Completes what we posted and stops the poller; GPI-2 itself runs until the process ends.
   void stop();
 
+  // Waits until GPI-2 has handed every write we posted to the network, so that a finished call's
+  // data reaches its peers even if this process is stopped (SIGSTOP) or killed right after.
+  void complete_posted();
+
   // Posts one write (or a bare notification when `bytes` is 0); used by Gpi2Link.
   void write_notify(int peer, std::size_t offset, const Piece* pieces, int count, std::uint32_t note,
                     std::uint64_t value);
@@ -69,6 +73,9 @@ class Gpi2Wire {
  private:
   void poll_loop();
   bool poll_once();
+  // gaspi_wait on our queue, polled: GPI-2's own wait spins without yielding, which starves its
+  // device thread (the one that sends) where ranks outnumber cores. Needs post_mutex_ held.
+  void wait_queue(const char* what);
 
   int rank_;
   SegmentView mine_;

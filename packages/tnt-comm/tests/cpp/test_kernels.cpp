@@ -74,6 +74,21 @@ void check_half_types() {
   CHECK(bfloat16_to_float(bx[9]) == 3.0f);
 }
 
+// divide() is avg's last step on its own: the same bits as avg over the inputs whose sum it divides.
+void check_divide() {
+  std::vector<std::int64_t> a{7, -7, 9}, zero(3, 0), avg(3);
+  const void* ptrs[] = {a.data(), zero.data(), zero.data()};
+  reduce(DType::int64, ReduceOp::avg, avg.data(), ptrs, 3, 3);
+  divide(DType::int64, a.data(), 3, 3);
+  CHECK(a == avg && a[0] == 2 && a[1] == -2 && a[2] == 3);  // truncating
+  std::vector<std::uint16_t> h(5, float_to_half(3.0f));
+  divide(DType::float16, h.data(), 4, h.size());
+  CHECK(half_to_float(h[4]) == 0.75f);
+  std::vector<float> f{1.0f, 2.0f};
+  divide(DType::float32, f.data(), 3, f.size());
+  CHECK(f[0] == 1.0f / 3.0f && f[1] == 2.0f / 3.0f);
+}
+
 int main() {
   check_plain<float>(DType::float32);
   check_plain<double>(DType::float64);
@@ -81,5 +96,6 @@ int main() {
   check_plain<std::int64_t>(DType::int64);
   check_in_place_and_wraparound();
   check_half_types();
+  check_divide();
   return finish("kernels");
 }
