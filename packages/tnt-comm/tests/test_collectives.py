@@ -45,6 +45,8 @@ for dtype in DTYPES:
                 e = np.mod(e, 256) if op in ("sum", "prod") else e
             # avg divides: exact to the dtype's precision only
             tol = {1: 0, 2: 1e-2, 4: 1e-6, 8: 1e-12}[np.dtype(dtype).itemsize] if op == "avg" else 0
+            if op == "prod" and n > 4 and np.dtype(dtype).itemsize == 2 and np.dtype(dtype).kind != "i":
+                tol = 2e-2  # 3**5 and up: beyond the integers float16/bfloat16 hold exactly, products round
             assert np.allclose(y.astype(np.float64), e.astype(np.float64), rtol=tol, atol=tol), (dtype, count, op)
             digest.update(y.tobytes())
         # in place
@@ -94,10 +96,11 @@ def test_every_collective_shm(n: int, tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("n", [2, 3])
-def test_every_collective_across_hosts(n: int, tmp_path: Path) -> None:
-    # Two fake hosts (node ranks): pairs on different nodes use TCP (or GPI-2), same node shm.
-    results = run(n, CHECK_ALL, tmp_path, timeout=220, nodes=2)
+@pytest.mark.parametrize(("n", "nodes"), [(2, 2), (3, 2), (6, 3)])
+def test_every_collective_across_hosts(n: int, nodes: int, tmp_path: Path) -> None:
+    # Fake hosts (node ranks): pairs on different nodes use TCP (or GPI-2), same node shm. 3 ranks
+    # on 2 hosts take the leaders' allreduce for small buffers; 6 on 3 hosts also the host-aware ring.
+    results = run(n, CHECK_ALL, tmp_path, timeout=220, nodes=nodes)
     assert all(res.stdout.strip().endswith("ok") for res in results)
     assert BETWEEN_HOSTS in results[0].stdout
 

@@ -78,6 +78,75 @@ print("ok", tc.transports())
 """
 
 
+RANDOM_CALLS = """
+# Every rank draws the same calls: a random group (random order), kind, op, dtype and size.
+import os, numpy as np, tnt_comm as tc
+r, n = tc.rank(), tc.size()
+rng = np.random.default_rng(int(os.environ['SEED']))
+DTYPES = ["float16", "float32", "float64", "int32", "int64", "uint8"]
+COUNTS = [0, 1, 3, 1000, 16384, 16385, 70001, 300001]
+groups = {}
+def expect(op, xs, dtype):
+    f = [x.astype(np.float64) for x in xs]
+    if op in ("sum", "avg"):
+        e = sum(f)
+        if op == "avg":
+            e = e / len(xs)
+            if np.dtype(dtype).kind in "iu": e = np.floor(e)
+    elif op == "prod": e = np.prod(f, axis=0)
+    else: e = (np.minimum if op == "min" else np.maximum).reduce(f)
+    if np.dtype(dtype).kind == "u" and op in ("sum", "prod"): e = np.mod(e, 256)
+    return e
+for trial in range(300):
+    k = int(rng.integers(2, n + 1))
+    members = [int(q) for q in rng.permutation(n)[:k]]
+    dtype = DTYPES[int(rng.integers(len(DTYPES)))]
+    count = COUNTS[int(rng.integers(len(COUNTS)))]
+    op = ["sum", "prod", "min", "max", "avg"][int(rng.integers(5))]
+    kind = ["allreduce", "allreduce", "inplace", "fused", "reduce_scatter", "broadcast"][int(rng.integers(6))]
+    if op == "prod": count = min(count, 1000)
+    seed = int(rng.integers(1 << 30))
+    if r not in members: continue
+    key = tuple(members)
+    if key not in groups: groups[key] = tc.new_group(members)
+    g = groups[key]
+    me = members.index(r)
+    xs = [np.random.default_rng(seed + q).integers(1, 4, size=count).astype(dtype) for q in range(k)]
+    tol = {1: 0, 2: 1e-2, 4: 1e-6, 8: 1e-12}[np.dtype(dtype).itemsize] if op == "avg" else 0
+    if op == "prod" and dtype == "float16": tol = 2e-3  # 3**7 > 2048: products round in float16
+    ctx = (trial, members, dtype, count, op, kind)
+    if kind in ("allreduce", "inplace"):
+        if kind == "inplace":
+            y = xs[me].copy(); g.allreduce(y, op=op, out=y)
+        else:
+            y = g.allreduce(xs[me], op=op)
+        assert np.allclose(y.astype(np.float64), expect(op, xs, dtype), rtol=tol, atol=tol), ctx
+    elif kind == "fused":
+        parts = [max(count // 3, 1), count + 5]
+        ys = [[np.random.default_rng(seed + 7 * q + i).integers(1, 4, size=c).astype(dtype)
+               for i, c in enumerate(parts)] for q in range(k)]
+        f = tc.FusedAllreduce([((c,), dtype) for c in parts], threshold_bytes=1 << 16, op=op, group=g)
+        for i in range(2): f.start(i, ys[me][i])
+        for i in range(2):
+            got = f.wait(i)
+            want = expect(op, [ys[q][i] for q in range(k)], dtype)
+            assert np.allclose(got.astype(np.float64), want, rtol=tol, atol=tol), ctx + (i,)
+    elif kind == "reduce_scatter":
+        if op == "avg": op = "sum"
+        blk = [np.random.default_rng(seed + q).integers(1, 4, size=k * max(count, 1)).astype(dtype) for q in range(k)]
+        rs = g.reduce_scatter(blk[me], op=op)
+        m = max(count, 1)
+        e = expect(op, blk, dtype)[me * m:(me + 1) * m]
+        assert np.allclose(rs.astype(np.float64), e, rtol=tol, atol=0), ctx
+    else:
+        root = int(np.random.default_rng(seed).integers(k))
+        b = xs[me].copy(); g.broadcast(b, root=root)
+        assert np.array_equal(b, xs[root]), ctx
+tc.barrier()
+print("ok", len(groups))
+"""
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(("n", "nodes"), [(4, 2), (6, 3)])
 def test_host_aware_allreduce(n: int, nodes: int, tmp_path: Path) -> None:
@@ -111,3 +180,12 @@ except ValueError as e:
 """
     for res in run(2, code, tmp_path, env={"TNT_ALLREDUCE": "ring"}):
         assert "refused" in res.stdout
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("n", "nodes", "seed"), [(6, 3, 1), (5, 2, 2), (7, 3, 3)])
+def test_random_calls_across_hosts(n: int, nodes: int, seed: int, tmp_path: Path) -> None:
+    # Groups that take every allreduce path (leaders, host-aware ring, flat) in every op, against
+    # numpy. All three fail when avg averages per phase (as the host-aware ring did before 9db67a1).
+    results = run(n, RANDOM_CALLS, tmp_path, timeout=110, nodes=nodes, env={"SEED": str(seed)})
+    assert all(res.stdout.startswith("ok") for res in results)
