@@ -366,6 +366,17 @@ class Divide final : public Operation {
   DType dtype_;
 };
 
+// The op each phase of a multi-phase allreduce runs: avg sums, and finish_phases divides once.
+ReduceOp phase_op(ReduceOp op) { return op == ReduceOp::avg ? ReduceOp::sum : op; }
+
+// The phases as one operation, ending in the division when the caller asked for avg.
+std::shared_ptr<Operation> finish_phases(std::shared_ptr<const Members> members, Descriptor desc,
+                                         std::vector<std::shared_ptr<Operation>> phases, ReduceOp op, void* out,
+                                         std::size_t count, DType dtype) {
+  if (op == ReduceOp::avg) phases.push_back(std::make_shared<Divide>(members, desc, out, count, dtype));
+  return std::make_shared<Phases>(std::move(members), desc, std::move(phases));
+}
+
 // The members of the group at `indices` (one of which is us), as a group of their own.
 std::shared_ptr<const Members> subset(const Members& all, const std::vector<int>& indices) {
   auto m = std::make_shared<Members>();
@@ -431,17 +442,16 @@ std::shared_ptr<Operation> make_allreduce_via_leaders(std::shared_ptr<const Memb
   spread.kind = Kind::broadcast;
   spread.root = 0;
 
-  const ReduceOp phase_op = op == ReduceOp::avg ? ReduceOp::sum : op;
   std::vector<std::shared_ptr<Operation>> phases;
-  phases.push_back(std::make_shared<ReduceToOwners>(local, within, in, nullptr, out, offsets, dtype, phase_op, false));
+  phases.push_back(
+      std::make_shared<ReduceToOwners>(local, within, in, nullptr, out, offsets, dtype, phase_op(op), false));
   if (my_local == 0) {
     std::vector<int> leaders;
     for (const auto& h : members->hosts) leaders.push_back(h.front());
-    phases.push_back(make_allreduce_one_shot(subset(*members, leaders), between, out, out, count, dtype, phase_op));
+    phases.push_back(make_allreduce_one_shot(subset(*members, leaders), between, out, out, count, dtype, phase_op(op)));
   }
   phases.push_back(make_broadcast(local, spread, out, count * dtype_size(dtype), 0));
-  if (op == ReduceOp::avg) phases.push_back(std::make_shared<Divide>(members, desc, out, count, dtype));
-  return std::make_shared<Phases>(std::move(members), desc, std::move(phases));
+  return finish_phases(std::move(members), desc, std::move(phases), op, out, count, dtype);
 }
 
 std::shared_ptr<Operation> make_allreduce_host_aware(std::shared_ptr<const Members> members, Descriptor desc,
@@ -468,14 +478,13 @@ std::shared_ptr<Operation> make_allreduce_host_aware(std::shared_ptr<const Membe
   std::vector<std::size_t> bytes(host.size());
   for (std::size_t m = 0; m < host.size(); ++m) bytes[m] = offsets[m + 1] - offsets[m];
 
-  const ReduceOp phase_op = op == ReduceOp::avg ? ReduceOp::sum : op;
   std::vector<std::shared_ptr<Operation>> phases;
-  phases.push_back(std::make_shared<ReduceToOwners>(local, within, in, nullptr, region, offsets, dtype, phase_op, false));
+  phases.push_back(
+      std::make_shared<ReduceToOwners>(local, within, in, nullptr, region, offsets, dtype, phase_op(op), false));
   // Across hosts a ring: each rank talks to one rank of one other host (see RingAllreduce).
-  phases.push_back(std::make_shared<RingAllreduce>(across, between, region, region, region_count, dtype, phase_op));
+  phases.push_back(std::make_shared<RingAllreduce>(across, between, region, region, region_count, dtype, phase_op(op)));
   phases.push_back(make_allgatherv(local, gather, region, out, std::move(bytes)));
-  if (op == ReduceOp::avg) phases.push_back(std::make_shared<Divide>(members, desc, out, count, dtype));
-  return std::make_shared<Phases>(std::move(members), desc, std::move(phases));
+  return finish_phases(std::move(members), desc, std::move(phases), op, out, count, dtype);
 }
 
 std::shared_ptr<Operation> make_allreduce_one_shot(std::shared_ptr<const Members> members, Descriptor desc, const void* in,
