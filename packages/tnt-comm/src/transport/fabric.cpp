@@ -336,6 +336,18 @@ std::string Fabric::transport(int peer) const {
   return peers_[static_cast<std::size_t>(peer)]->link->kind();
 }
 
+void Fabric::complete_gpi2_writes() {
+  try {
+    gpi2_->complete_posted();
+  } catch (const Error&) {
+    // GPI-2 fails writes to a peer that died, with a bare error; our own connection to that peer
+    // names it within moments, and that is the failure to report.
+    const Deadline until = deadline_after(2.0);
+    while (!failed() && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (!failed()) throw;
+  }
+}
+
 void Fabric::fail(FailureKind kind, int culprit, const std::string& message, bool tell_peers) {
   {
     std::lock_guard<std::mutex> lock(failure_mutex_);

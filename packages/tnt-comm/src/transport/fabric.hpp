@@ -47,7 +47,7 @@ class Fabric {
   // Hands every write this rank posted to the network before a call completes (GPI-2 queues them
   // in its own thread; shm and tcp writes are already out when write_notify returns).
   void complete_writes() {
-    if (gpi2_) gpi2_->complete_posted();
+    if (gpi2_) complete_gpi2_writes();
   }
 
   // Records the first failure, wakes every waiter and, if asked, tells every peer (abort frame).
@@ -85,6 +85,7 @@ class Fabric {
     std::atomic<bool> departed{false};
   };
 
+  void complete_gpi2_writes();
   void rendezvous(const Identity& identity);
   void goodbye_from(Peer& peer);
   void receive_loop();
