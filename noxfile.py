@@ -12,6 +12,7 @@ ROOT = Path(__file__).parent
 COMM = ROOT / "packages" / "tnt-comm"
 LAUNCH = ROOT / "packages" / "tnt-launch"
 KERAS = ROOT / "packages" / "tnt-keras"
+COMM_BUILD = COMM / "build" / "shared-env"  # tnt-comm's build for the shared environment
 TEST_DEPS = ["pytest>=8", "pytest-timeout", "pytest-xdist", "hypothesis", "psutil", "rich"]
 # What examples/keras_digits.py needs beyond tnt (numpy is in the shared environment), and where.
 EXAMPLE_PACKAGES = ["scikit-learn", "scipy", "joblib", "threadpoolctl", "cloudpickle", "narwhals"]
@@ -73,9 +74,14 @@ class SharedEnv:
             self.pip(*TEST_DEPS, "ml_dtypes")
         elif part == "comm":
             self.need("build")
-            # No build isolation: the build directory (build/{wheel_tag}, see pyproject.toml) stays
-            # valid from one run to the next and only changed files recompile.
-            self.pip("--no-build-isolation", "--no-deps", "--force-reinstall", str(COMM))
+            # No build isolation: the build directory stays valid from one run to the next and only
+            # changed files recompile. The C++ unit tests are built there too (not installed), so
+            # that comm_cpp runs them without compiling the library once more.
+            self.pip(
+                "--no-build-isolation", "--no-deps", "--force-reinstall",
+                "-C", f"build-dir={COMM_BUILD.relative_to(COMM)}", "-C", "cmake.define.TNT_COMM_BUILD_TESTS=ON",
+                str(COMM),
+            )  # fmt: skip
         elif part == "launch":
             self.pip(str(LAUNCH))
         elif part == "keras":
@@ -180,8 +186,8 @@ def comm_gpi2(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def comm_cpp(session: nox.Session) -> None:
-    """tnt-comm's C++ unit tests under ctest."""
-    ctest(session, "ctest")
+    """tnt-comm's C++ unit tests under ctest, built with the library the other sessions use."""
+    SharedEnv(session, "comm").run("ctest", "--test-dir", str(COMM_BUILD), "--output-on-failure")
 
 
 @nox.session(venv_backend="none")
