@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 RANK_CODE = """
-import ctypes, json, time
+import ctypes, json
 import tnt_comm
 
 
@@ -32,9 +32,7 @@ def loaded(name):
     return ctypes.CDLL(paths.pop())
 
 
-start = time.process_time()
 tnt_comm.init()
-cpu_in_init = time.process_time() - start
 if tnt_comm.rank() == 0:
     ours = loaded("/libtnt_comm.so")
     ours.gaspi_get_cpufreq.restype = ctypes.c_float
@@ -46,7 +44,6 @@ if tnt_comm.rank() == 0:
         "ours": ours.gaspi_get_cpufreq(),
         "kept": kept.value,
         "sampled": gpi2._gaspi_sample_cpu_freq(),  # GPI-2's own measurement, 1.3 s
-        "cpu_in_init": cpu_in_init,
     }))
 tnt_comm.finalize()
 """
