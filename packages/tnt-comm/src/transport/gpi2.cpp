@@ -234,8 +234,8 @@ void check(gaspi_return_t ret, const std::string& what) {
 
 // Moves GPI-2's ports to this job's own range, starting at `base`: the service network listens at
 // base+socket and base+256+socket, the Ethernet device at base+512+socket (socket: the rank's
-// index among the ranks of its host).
-void configure(const std::string& base) {
+// index among the ranks of its host). Returns whether GPI-2 runs over its Ethernet device.
+bool configure(const std::string& base) {
   char* end = nullptr;
   const long b = std::strtol(base.c_str(), &end, 10);
   if (base.empty() || *end != '\0' || b < 1024 || b > 65535 - 1024) {
@@ -248,7 +248,9 @@ void configure(const std::string& base) {
   config.build_infrastructure = GASPI_TOPOLOGY_NONE;  // we connect to the peers we need
   config.sn_port = static_cast<gaspi_uint>(b);
   check(gaspi_config_set(config), "setting the configuration");
-  if (config.network == GASPI_ETHERNET) glb_gaspi_cfg.dev_config.params.tcp.port = static_cast<gaspi_uint>(b + 512);
+  const bool ethernet = config.network == GASPI_ETHERNET;
+  if (ethernet) glb_gaspi_cfg.dev_config.params.tcp.port = static_cast<gaspi_uint>(b + 512);
+  return ethernet;
 }
 
 }  // namespace
@@ -285,14 +287,6 @@ Gpi2Wire::Gpi2Wire(int rank, int size, int local_size, const std::vector<std::st
                    const std::string& port_base, SegmentView mine, Deadline deadline,
                    const std::function<void()>& watch)
     : rank_(rank), mine_(mine), seen_(mine.layout.notes() + static_cast<std::size_t>(size), 0) {
-  // Each rank keeps a driver and this poller busy, and over the Ethernet device also GPI-2's own
-  // thread that moves the data: where those outnumber the cores, the poller yields between polls.
-  // (2 ranks on 2 cores over Ethernet: a 16-byte allreduce took 1.1 ms spinning, 0.37 ms yielding.)
-  gaspi_config_t config;
-  const bool ethernet = gaspi_config_get(&config) == GASPI_SUCCESS && config.network == GASPI_ETHERNET;
-  cpu_set_t cpus;
-  oversubscribed_ =
-      sched_getaffinity(0, sizeof cpus, &cpus) == 0 && local_size * (ethernet ? 3 : 2) > CPU_COUNT(&cpus);
   // GPI-2 opens a few dozen descriptors as it starts and, short of them, raises the soft limit to
   // the hard one itself, but only in some of its calls: raise it first, so none of them runs short.
   rlimit files{};
@@ -301,7 +295,13 @@ Gpi2Wire::Gpi2Wire(int rank, int size, int local_size, const std::vector<std::st
     ::setrlimit(RLIMIT_NOFILE, &files);
   }
   const std::string machinefile = prepare_environment(rank, size, hosts);
-  configure(port_base);
+  const bool ethernet = configure(port_base);
+  // Each rank keeps a driver and this poller busy, and over the Ethernet device also GPI-2's own
+  // thread that moves the data: where those outnumber the cores, the poller yields between polls.
+  // (2 ranks on 2 cores over Ethernet: a 16-byte allreduce took 1.1 ms spinning, 0.37 ms yielding.)
+  cpu_set_t cpus;
+  oversubscribed_ =
+      sched_getaffinity(0, sizeof cpus, &cpus) == 0 && local_size * (ethernet ? 3 : 2) > CPU_COUNT(&cpus);
   const gaspi_timeout_t ms = ms_left(deadline);
   const gaspi_return_t init = watched([ms] { return gaspi_proc_init(ms); }, watch);
   if (!machinefile.empty()) ::unlink(machinefile.c_str());
