@@ -19,22 +19,23 @@ EXAMPLE_PACKAGES = ["scikit-learn", "scipy", "joblib", "threadpoolctl", "cloudpi
 EXAMPLE_DEPS = ROOT / ".nox" / "example-deps"
 
 
-def concurrently() -> list[str]:
+def concurrently(dist: str = "load") -> list[str]:
     """pytest-xdist arguments that run independent multi-rank tests side by side, one worker per core
     (at most 4): their ranks spend much of a test waiting (process start, rendezvous, timeouts);
-    tnt-comm's suite ran 1.8x faster with two workers on two cores.
+    tnt-comm's suite ran 1.8x faster with two workers on two cores. ``dist="loadfile"`` keeps each
+    test file on one worker, for files whose tests share a costly module fixture or cache.
     Not for suites whose tests look at machine-wide state: the launcher's cleanup of other jobs,
     or /dev/shm before and after."""
     cores = len(os.sched_getaffinity(0))
-    return ["-n", str(min(cores, 4)), "--dist", "load"] if cores > 1 else []
+    return ["-n", str(min(cores, 4)), "--dist", dist] if cores > 1 else []
 
 
 nox.options.sessions = [
     "lint",
     "comm",
+    "comm_cpp",  # before comm_static, which links the build directory's library another way
     "comm_static",
     "comm_gpi2",
-    "comm_cpp",
     "comm_asan",
     "comm_tsan",
     "launch",
@@ -74,14 +75,7 @@ class SharedEnv:
             self.pip(*TEST_DEPS, "ml_dtypes")
         elif part == "comm":
             self.need("build")
-            # No build isolation: the build directory stays valid from one run to the next and only
-            # changed files recompile. The C++ unit tests are built there too (not installed), so
-            # that comm_cpp runs them without compiling the library once more.
-            self.pip(
-                "--no-build-isolation", "--no-deps", "--force-reinstall",
-                "-C", f"build-dir={COMM_BUILD.relative_to(COMM)}", "-C", "cmake.define.TNT_COMM_BUILD_TESTS=ON",
-                str(COMM),
-            )  # fmt: skip
+            self.pip("--force-reinstall", *comm_build(), str(COMM))
         elif part == "launch":
             self.pip(str(LAUNCH))
         elif part == "keras":
@@ -124,6 +118,34 @@ class SharedEnv:
         self.session.run(str(executable) if executable.exists() else program, *args, env=full_env, external=True)
 
 
+def comm_build(linker_flags: str = os.environ.get("LDFLAGS", "")) -> list[str]:
+    """pip's options that build tnt-comm in COMM_BUILD, the one build directory of the default
+    sessions. No build isolation: the directory stays valid from one run to the next and only
+    changed files recompile. The C++ unit tests are built there too (not installed): comm_cpp runs
+    them. Where GPI2_ROOT names GPI-2, the gpi2 transport is required, not just taken where found:
+    comm_gpi2 tests it. ``linker_flags`` link the library and the Python module: comm_static links
+    the same objects again with -static-libstdc++ (the next default build links them back)."""
+    options = ["--no-build-isolation", "--no-deps", "-C", f"build-dir={COMM_BUILD.relative_to(COMM)}"]
+    defines = {"TNT_COMM_BUILD_TESTS": "ON", "CMAKE_SHARED_LINKER_FLAGS": linker_flags}
+    defines["CMAKE_MODULE_LINKER_FLAGS"] = linker_flags
+    if gpi2_root():
+        defines.update(TNT_COMM_GPI2="ON", GPI2_ROOT=str(gpi2_root()))
+    for name, value in defines.items():
+        options += ["-C", f"cmake.define.{name}={value}"]
+    return options
+
+
+def gpi2_root() -> str | None:
+    """GPI2_ROOT where it names a GPI-2 installation (.ci/run builds one; docs/comm.md says how)."""
+    root = os.environ.get("GPI2_ROOT")
+    return root if root and Path(root, "include", "GASPI.h").is_file() else None
+
+
+# Optimised, with line tables only (-g1): the sanitizers' reports keep file:line in every frame, and
+# the build takes a fifth less than with full debug information (30 s against 37 s for ASan).
+SANITIZED_BUILD = ["-DCMAKE_BUILD_TYPE=RelWithDebInfo", "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG"]
+
+
 def ctest(session: nox.Session, name: str, *cmake_args: str) -> None:
     env = SharedEnv(session, "build")
     build = COMM / "build" / name
@@ -148,17 +170,12 @@ def comm(session: nox.Session) -> None:
 @nox.session(venv_backend="none")
 def comm_static(session: nox.Session) -> None:
     """tnt-comm linked as HPC compiler modules link it (libstdc++ static): every Python test, exports."""
-    env = SharedEnv(session, "build", "test")
+    env = SharedEnv(session, "comm", "test")
     # Installed into a folder of its own that goes first on PYTHONPATH, so that the environment's
-    # regular tnt-comm stays as the other sessions need it.
+    # regular tnt-comm stays as the other sessions need it. The shared environment's build is only
+    # linked again: no file compiles twice.
     target = ROOT / ".nox" / "tnt-comm-static"
-    env.pip(
-        "--no-build-isolation", "--no-deps", "--upgrade", "--target", str(target),
-        "-C", "build-dir=build/static-libstdcxx",
-        "-C", "cmake.define.CMAKE_SHARED_LINKER_FLAGS=-static-libstdc++",
-        "-C", "cmake.define.CMAKE_MODULE_LINKER_FLAGS=-static-libstdc++",
-        str(COMM),
-    )  # fmt: skip
+    env.pip(*comm_build("-static-libstdc++"), "--upgrade", "--target", str(target), str(COMM))
     static = {"PYTHONPATH": str(target)}
     # The build must really carry its own C++ runtime, or this session proves nothing.
     env.run("python", str(COMM / "tests" / "static_runtime_check.py"), env=static)
@@ -168,19 +185,13 @@ def comm_static(session: nox.Session) -> None:
 @nox.session(venv_backend="none")
 def comm_gpi2(session: nox.Session) -> None:
     """Every tnt-comm test again over GPI-2 between every pair of ranks: needs GPI2_ROOT naming an
-    installed GPI-2 (.ci/run builds one; docs/comm.md says how), and skips saying so without it."""
-    gpi2_root = os.environ.get("GPI2_ROOT")
-    if not gpi2_root or not Path(gpi2_root, "include", "GASPI.h").is_file():
+    installed GPI-2, and skips saying so without it."""
+    if not gpi2_root():
         session.skip("GPI2_ROOT does not name a GPI-2 installation (include/GASPI.h): nothing to test over gpi2")
-    env = SharedEnv(session, "build", "test")
-    target = ROOT / ".nox" / "tnt-comm-gpi2"
-    env.pip(
-        "--no-build-isolation", "--no-deps", "--upgrade", "--target", str(target),
-        "-C", "build-dir=build/gpi2", "-C", "cmake.define.TNT_COMM_GPI2=ON",
-        "-C", f"cmake.define.GPI2_ROOT={gpi2_root}",
-        str(COMM),
-    )  # fmt: skip
-    gpi2 = {"PYTHONPATH": str(target), "TNT_TEST_TRANSPORT": "gpi2"}
+    # The shared environment's tnt-comm, built with the gpi2 transport since GPI2_ROOT is set.
+    env = SharedEnv(session, "comm", "test")
+    env.run("python", "-c", "import tnt_comm; assert 'gpi2' in tnt_comm.build_info()['transports']")
+    gpi2 = {"TNT_TEST_TRANSPORT": "gpi2"}
     env.run("pytest", str(COMM / "tests"), "-q", "-rs", *concurrently(), *session.posargs, env=gpi2)
 
 
@@ -193,13 +204,13 @@ def comm_cpp(session: nox.Session) -> None:
 @nox.session(venv_backend="none")
 def comm_asan(session: nox.Session) -> None:
     """The C++ tests under AddressSanitizer and UndefinedBehaviorSanitizer."""
-    ctest(session, "asan", "-DTNT_COMM_SANITIZE=address", "-DCMAKE_BUILD_TYPE=RelWithDebInfo")
+    ctest(session, "asan", "-DTNT_COMM_SANITIZE=address", *SANITIZED_BUILD)
 
 
 @nox.session(venv_backend="none")
 def comm_tsan(session: nox.Session) -> None:
     """The C++ tests under ThreadSanitizer."""
-    ctest(session, "tsan", "-DTNT_COMM_SANITIZE=thread", "-DCMAKE_BUILD_TYPE=RelWithDebInfo")
+    ctest(session, "tsan", "-DTNT_COMM_SANITIZE=thread", *SANITIZED_BUILD)
 
 
 @nox.session(venv_backend="none")
@@ -213,9 +224,10 @@ def launch(session: nox.Session) -> None:
 def keras(session: nox.Session) -> None:
     """tnt-keras's tests: real ranks under tnt-launch against serial Keras, callbacks, saving, errors."""
     env = SharedEnv(session, "keras", "test")
-    # Serial: these tests are bound by the CPU time of TensorFlow in every rank. Two workers on two
-    # cores took 358 s and 417 s in two runs on 2026-11-23, against 414-415 s for one.
-    env.run("pytest", str(KERAS / "tests"), "-q", "-rs", "--durations=10", *session.posargs)
+    # By file: test_ops builds the op once per module, and test_training's jobs share the serial
+    # references. Bound by TensorFlow's CPU time in every rank, the ranks still leave a core idle at
+    # times: on 2 cores, 287 s with two workers against 340 s with one (2026-11-24).
+    env.run("pytest", str(KERAS / "tests"), "-q", "-rs", "--durations=10", *concurrently("loadfile"), *session.posargs)
 
 
 @nox.session(venv_backend="none")

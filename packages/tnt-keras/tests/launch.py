@@ -14,6 +14,9 @@ from pathlib import Path
 from typing import Any
 
 JOBS = Path(__file__).parent / "jobs"
+# Serial references the jobs share within this test session (see jobs/_job.py: shared_references).
+REFERENCE_CACHE = tempfile.mkdtemp(prefix="tnt-keras-references-")
+atexit.register(shutil.rmtree, REFERENCE_CACHE, ignore_errors=True)
 SRC = Path(__file__).parents[1] / "src"
 
 
@@ -54,6 +57,7 @@ def run(
             "TF_CPP_MIN_LOG_LEVEL": "2",
             "PYTHONPATH": os.pathsep.join([str(JOBS), str(SRC), full_env.get("PYTHONPATH", "")]),
             "TNT_TIMEOUT_S": "60",
+            "TNT_TEST_CACHE": REFERENCE_CACHE,
         }
     )
     full_env.update(env or {})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -22,26 +22,38 @@ def report(data: dict[str, Any]) -> None:
     Path(os.environ["TNT_TEST_OUT"], f"rank{rank}.json").write_text(json.dumps(data))
 
 
-def shared_references(compute: dict[str, Callable[[], Any]]) -> dict[str, Any]:
+def shared_references(compute: dict[str, Callable[[], Any]], reusable: Iterable[str] = ()) -> dict[str, Any]:
     """Every result of ``compute`` on every rank, each computed on one rank only: the i-th function
     runs on rank ``i % size``, all ranks at once, and the results pass through files in TNT_TEST_OUT.
-    The serial references cost N times less CPU than every rank computing all of them."""
+    The serial references cost N times less CPU than every rank computing all of them.
+
+    Results named in ``reusable`` must not depend on the job (its number of ranks, its transport):
+    they are kept in TNT_TEST_CACHE, one folder per test session, and later jobs load them instead
+    of training the same plain Keras models again."""
     import tnt_comm  # here, not above: plain_keras_load.py imports this module without tnt
 
     rank, size = tnt_comm.rank(), tnt_comm.size()
     folder = Path(os.environ["TNT_TEST_OUT"])
-    mine = [name for i, name in enumerate(compute) if i % size == rank]
+    cache = Path(os.environ["TNT_TEST_CACHE"]) if "TNT_TEST_CACHE" in os.environ else None
+    keep = {name for name in reusable if cache is not None}
+    # Decided by every rank before the first barrier; the cache only grows after the second one.
+    cached = {name for name in keep if (cache / f"{name}.pickle").exists()}
+    todo = [name for name in compute if name not in cached]
+    mine = [name for i, name in enumerate(todo) if i % size == rank]
     for name in mine:
         with open(folder / f"reference-{name}.pickle", "wb") as f:
             pickle.dump(compute[name](), f)
     tnt_comm.barrier()  # every reference is written
     results = {}
     for name in compute:
-        with open(folder / f"reference-{name}.pickle", "rb") as f:
+        with open(cache / f"{name}.pickle" if name in cached else folder / f"reference-{name}.pickle", "rb") as f:
             results[name] = pickle.load(f)
     tnt_comm.barrier()  # every reference is read: the files can go
     for name in mine:
-        (folder / f"reference-{name}.pickle").unlink()
+        if name in keep:
+            os.replace(folder / f"reference-{name}.pickle", cache / f"{name}.pickle")
+        else:
+            (folder / f"reference-{name}.pickle").unlink()
     return results
 
 
