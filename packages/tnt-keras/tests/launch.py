@@ -50,10 +50,14 @@ def run(
     out_dir = Path(tempfile.mkdtemp(prefix=f"tnt-keras-{job}-"))
     # Tests read the folder after the job (reports, files the job wrote); it goes when pytest exits.
     atexit.register(shutil.rmtree, out_dir, ignore_errors=True)
+    # The ranks' temporary files too (TensorFlow's autograph writes one per traced function and
+    # deletes it at exit, which ranks that a test kills never reach): they go with the folder.
+    (out_dir / "tmp").mkdir()
     full_env = dict(os.environ)
     full_env.update(
         {
             "TNT_TEST_OUT": str(out_dir),
+            "TMPDIR": str(out_dir / "tmp"),
             "TF_CPP_MIN_LOG_LEVEL": "2",
             "PYTHONPATH": os.pathsep.join([str(JOBS), str(SRC), full_env.get("PYTHONPATH", "")]),
             "TNT_TIMEOUT_S": "60",
