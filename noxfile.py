@@ -126,10 +126,13 @@ def comm_build(linker_flags: str = os.environ.get("LDFLAGS", "")) -> list[str]:
     comm_gpi2 tests it. ``linker_flags`` link the library and the Python module: comm_static links
     the same objects again with -static-libstdc++ (the next default build links them back)."""
     options = ["--no-build-isolation", "--no-deps", "-C", f"build-dir={COMM_BUILD.relative_to(COMM)}"]
-    defines = {"TNT_COMM_BUILD_TESTS": "ON", "CMAKE_SHARED_LINKER_FLAGS": linker_flags}
-    defines["CMAKE_MODULE_LINKER_FLAGS"] = linker_flags
-    if gpi2_root():
-        defines.update(TNT_COMM_GPI2="ON", GPI2_ROOT=str(gpi2_root()))
+    defines = {
+        "TNT_COMM_BUILD_TESTS": "ON",
+        "CMAKE_SHARED_LINKER_FLAGS": linker_flags,
+        "CMAKE_MODULE_LINKER_FLAGS": linker_flags,
+    }
+    if gpi2 := gpi2_root():
+        defines.update(TNT_COMM_GPI2="ON", GPI2_ROOT=gpi2)
     for name, value in defines.items():
         options += ["-C", f"cmake.define.{name}={value}"]
     return options
