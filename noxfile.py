@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -19,15 +20,15 @@ EXAMPLE_PACKAGES = ["scikit-learn", "scipy", "joblib", "threadpoolctl", "cloudpi
 EXAMPLE_DEPS = ROOT / ".nox" / "example-deps"
 
 
-def concurrently(dist: str = "load") -> list[str]:
-    """pytest-xdist arguments that run independent multi-rank tests side by side, one worker per core
-    (at most 4): their ranks spend much of a test waiting (process start, rendezvous, timeouts);
-    tnt-comm's suite ran 1.8x faster with two workers on two cores. ``dist="loadfile"`` keeps each
-    test file on one worker, for files whose tests share a costly module fixture or cache.
-    Not for suites whose tests look at machine-wide state: the launcher's cleanup of other jobs,
-    or /dev/shm before and after."""
+def concurrently(dist: str = "load", per_core: int = 1) -> list[str]:
+    """pytest-xdist arguments that run independent multi-rank tests side by side, ``per_core``
+    workers per core (at most 4): their ranks spend much of a test waiting (process start,
+    rendezvous, timeouts); tnt-comm's suite ran 1.8x faster with two workers on two cores.
+    ``dist="loadfile"`` keeps each test file on one worker, for files whose tests share a costly
+    module fixture or cache. Not for suites whose tests look at machine-wide state (/dev/shm before
+    and after, every process of the user)."""
     cores = len(os.sched_getaffinity(0))
-    return ["-n", str(min(cores, 4)), "--dist", dist] if cores > 1 else []
+    return ["-n", str(min(cores * per_core, 4)), "--dist", dist] if cores > 1 else []
 
 
 nox.options.sessions = [
@@ -84,20 +85,22 @@ class SharedEnv:
             # --no-compile: no bytecode for the thousands of TensorFlow modules never imported; the
             # ones that are get theirs from write_bytecode.py below.
             self.pip("--no-compile", f"{KERAS}[cpu,test]", "hatchling")
-            # Again with TensorFlow importable at build time, as users get with --no-build-isolation:
-            # the wheel then carries the compiled op (test_prebuilt_op checks that it is the one loaded).
-            self.pip("--no-build-isolation", "--no-deps", "--force-reinstall", str(KERAS))
-            self.run("python", "-m", "tnt_keras.ops")
             # Bytecode for the modules the ranks import (see the script): with PYTHONDONTWRITEBYTECODE
             # set, each rank would otherwise compile TensorFlow's Python anew, 5 s of CPU per rank.
             # PYTHONPATH as the jobs have it: the source tree's tnt_keras gets its bytecode too, and
             # the script fills the op cache the jobs load from (the source tree has no prebuilt op),
-            # so that the first test does not pay for the compile.
-            self.run(
+            # so that the first test does not pay for the compile. In the background: it uses one
+            # core, as the next step does.
+            bytecode = self.start(
                 "python",
                 str(KERAS / "tests" / "write_bytecode.py"),
                 env={"PYTHONDONTWRITEBYTECODE": "", "PYTHONPATH": str(KERAS / "src")},
             )
+            # Again with TensorFlow importable at build time, as users get with --no-build-isolation:
+            # the wheel then carries the compiled op (test_prebuilt_op checks that it is the one
+            # loaded, and that `python -m tnt_keras.ops` finds it).
+            self.pip("--no-build-isolation", "--no-deps", "--force-reinstall", str(KERAS))
+            self.wait(bytecode)
         elif part == "example":
             # scikit-learn (the example's data) goes to a folder of its own, put on PYTHONPATH only
             # where the example runs: Keras imports scikit-learn and SciPy at start when they are
@@ -112,10 +115,28 @@ class SharedEnv:
         self.run("python", "-m", "pip", "install", "-q", *args)
 
     def run(self, program: str, *args: str, env: dict[str, str] | None = None) -> None:
-        path = str(self.bin) + os.pathsep + os.environ.get("PATH", "")
-        full_env = {"VIRTUAL_ENV": str(self.path), "PATH": path, **(env or {})}
+        self.session.run(*self._argv(program, args), env=self._env(env), external=True)
+
+    def start(self, program: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        """As ``run``, but returns at once; ``wait`` prints the output and fails on an error."""
+        argv = self._argv(program, args)
+        self.session.log(f"{' '.join(argv)} (in the background)")
+        full_env = {**os.environ, **self._env(env)}
+        return subprocess.Popen(argv, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def wait(self, proc: subprocess.Popen[str]) -> None:
+        output, _ = proc.communicate()
+        print(output, end="", flush=True)
+        if proc.returncode != 0:
+            self.session.error(f"{' '.join(map(str, proc.args))} failed with exit code {proc.returncode}")
+
+    def _argv(self, program: str, args: tuple[str, ...]) -> list[str]:
         executable = self.bin / program
-        self.session.run(str(executable) if executable.exists() else program, *args, env=full_env, external=True)
+        return [str(executable) if executable.exists() else program, *args]
+
+    def _env(self, env: dict[str, str] | None) -> dict[str, str]:
+        path = str(self.bin) + os.pathsep + os.environ.get("PATH", "")
+        return {"VIRTUAL_ENV": str(self.path), "PATH": path, **(env or {})}
 
 
 def comm_build(linker_flags: str = os.environ.get("LDFLAGS", "")) -> list[str]:
@@ -220,7 +241,9 @@ def comm_tsan(session: nox.Session) -> None:
 def launch(session: nox.Session) -> None:
     """tnt-launch's tests: planning, real local and ssh multi-host runs, failures, cleanup."""
     env = SharedEnv(session, "launch", "test")
-    env.run("pytest", str(LAUNCH / "tests"), "-q", "-rs", *session.posargs)
+    # Every test has a job registry, ranks and sshd of its own, and its ranks mostly wait (ssh,
+    # signals, timeouts): on 2 cores the suite took 60 s on one worker and 30 s on four.
+    env.run("pytest", str(LAUNCH / "tests"), "-q", "-rs", *concurrently(per_core=2), *session.posargs)
 
 
 @nox.session(venv_backend="none")

@@ -26,6 +26,13 @@ def _status_field(name: str) -> str:
     return ""
 
 
+def _wait_for_reports(folder: str, size: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    paths = [os.path.join(folder, f"rank-{r}.json") for r in range(size)]
+    while not all(map(os.path.exists, paths)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("report_dir")
@@ -93,6 +100,10 @@ def main() -> int:
         sys.stderr.write(f"progress of rank {rank}: 50%\r")
         sys.stderr.flush()
 
+    if rank in (args.kill_rank, args.fail_rank):
+        # The tests read every rank's report after the job ends: a rank that ends the job first
+        # waits for the others' (on a loaded machine a rank may take seconds to start).
+        _wait_for_reports(args.report_dir, int(os.environ["TNT_SIZE"]))
     if rank == args.kill_rank:
         time.sleep(0.2)
         os.kill(os.getpid(), signal.SIGKILL)

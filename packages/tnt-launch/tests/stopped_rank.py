@@ -13,6 +13,19 @@ import sys
 import time
 
 
+def _wait_until_stopped(pid_file: str, timeout: float = 60) -> None:
+    """Until the process whose PID ``pid_file`` holds is stopped (the tests' hosts share /proc)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(pid_file) as f, open(f"/proc/{f.read()}/stat") as stat:
+                if stat.read().rsplit(")", 1)[1].split()[0] == "T":
+                    return
+        except (OSError, IndexError):
+            pass
+        time.sleep(0.02)
+
+
 def main() -> int:
     pid_dir, stopped = sys.argv[1], int(sys.argv[2])
     rank = int(os.environ["TNT_RANK"])
@@ -24,6 +37,9 @@ def main() -> int:
         os.kill(os.getpid(), signal.SIGSTOP)  # no progress from here on
         time.sleep(60)
         return 0
+    # Time out a second after the stopped rank stopped, not after this rank started: on a loaded
+    # machine the stopped rank (on another host: through ssh) may take longer to get that far.
+    _wait_until_stopped(os.path.join(pid_dir, f"rank-{stopped}.pid"))
     time.sleep(1)
     print(f"rank {rank} timed out: no progress for 1 s in allreduce, waiting for rank {stopped}",
           file=sys.stderr)
