@@ -61,6 +61,9 @@ class Job:
                 TNT_JOB_ID=self.job_id,
                 TNT_JOB_TOKEN=token,
                 PYTHONUNBUFFERED="1",
+                # The ranks' temporary files go with the job's folder, also those of a rank that a
+                # test kills (TensorFlow's autograph deletes its files only at exit).
+                TMPDIR=str(tmp),
             )
             if GPI2:
                 # GASPI_* and GPI-2's ports follow from the rendezvous (tnt-comm derives them).

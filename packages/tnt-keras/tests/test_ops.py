@@ -279,11 +279,9 @@ def outputs(results: list[Result]) -> list[dict[str, Any]]:
     return parsed
 
 
-def env(cache: Path, job: Path, **extra: str) -> dict[str, str]:
+def env(cache: Path, **extra: str) -> dict[str, str]:
     path = os.pathsep.join([str(SRC), *filter(None, [os.environ.get("PYTHONPATH")])])
     return {
-        # TensorFlow's autograph files in the job's folder, not /tmp: a rank that is killed leaves them.
-        "TMPDIR": str(job),
         "PYTHONPATH": path,
         "TNT_KERAS_CACHE_DIR": str(cache),
         "TNT_TIMEOUT_S": str(TIMEOUT_S),
@@ -306,8 +304,7 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def job3(cache: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict[str, Any]], list[Result]]:
     """3 ranks import at once into the empty cache, run every check, then rank 2 dies."""
     assert not any(cache.iterdir())
-    job = tmp_path_factory.mktemp("job3")
-    results = run(3, RANK_CODE, job, env=env(cache, job, DEAD_PEER="1"), timeout=100)
+    results = run(3, RANK_CODE, tmp_path_factory.mktemp("job3"), env=env(cache, DEAD_PEER="1"), timeout=100)
     return outputs(results), results
 
 
@@ -319,8 +316,7 @@ def job2(job3: Any, cache: Path, tmp_path_factory: pytest.TempPathFactory) -> li
     """
     before = {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
     extra = {"TNT_KERAS_OPS": "numpy", "FIRST": "numpy", "TF_NUM_INTEROP_THREADS": "1"}
-    job = tmp_path_factory.mktemp("job2")
-    results = run(2, RANK_CODE, job, env=env(cache, job, **extra))
+    results = run(2, RANK_CODE, tmp_path_factory.mktemp("job2"), env=env(cache, **extra))
     assert {p.name: p.stat().st_mtime_ns for p in cache.iterdir()} == before
     return outputs(results)
 
@@ -371,7 +367,7 @@ def test_two_ranks_forced_fallback_then_op_from_cache(job2: list[dict[str, Any]]
 @pytest.mark.timeout(150)
 def test_one_rank_cache_reuse_and_build_failures(job3: Any, cache: Path, tmp_path: Path) -> None:
     before = {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
-    (o,) = outputs(run(1, RANK_CODE, tmp_path, env=env(cache, tmp_path, BUILD_FAILURES="1")))
+    (o,) = outputs(run(1, RANK_CODE, tmp_path, env=env(cache, BUILD_FAILURES="1")))
     assert o["suites"] == ["async-op", "numpy_function"]
     assert o["compiled"] == 0, "the second import must load the cached library"
     assert {p.name: p.stat().st_mtime_ns for p in cache.iterdir()} == before
@@ -393,7 +389,7 @@ def test_two_ranks_compile_at_default_log_level_without_deadlock(tmp_path: Path)
     file lock (a deadlock until TNT_TIMEOUT_S, seen in CI as a hung job with no output)."""
     cache = tmp_path / "cache"
     extra = {"TNT_LOG_LEVEL": "WARNING", "TNT_LOG_ON_ALL_DEVICES": "1"}
-    outs = outputs(run(2, QUIET_IMPORT_CODE, tmp_path, env=env(cache, tmp_path, **extra), timeout=100))
+    outs = outputs(run(2, QUIET_IMPORT_CODE, tmp_path, env=env(cache, **extra), timeout=100))
     # Before the fix the job hung; with a rendezvous timeout shorter than the compile, the waiting
     # rank fell back to tf.numpy_function instead.
     assert [o["backend"] for o in outs] == ["async-op", "async-op"], outs
