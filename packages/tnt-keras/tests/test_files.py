@@ -1,6 +1,7 @@
 """Whole-model files: tnt writes the wrapped Keras model, which plain Keras loads without tnt (no
 lock-in) and tnt loads as a tnt.Model; files of an earlier tnt, which name the wrapper, still load."""
 
+import functools
 import json
 import os
 import subprocess
@@ -9,10 +10,17 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from launch import JOBS, run
+from launch import JOBS, Result, run
 
 DATA = Path(__file__).parent / "data"
 KINDS = {"functional": "Functional", "sequential": "Sequential", "subclassed": "Subclassed"}
+
+
+@functools.cache
+def files_job(ranks: int) -> Result:
+    """plain_files_job on ``ranks`` ranks, run once per test session: the 1-rank job's reports serve
+    both tests below (the job writes, reloads and continues every kind of file, legacy ones too)."""
+    return run("plain_files_job", ranks, str(DATA), timeout=280)
 
 
 def load_without_tnt(paths: list[Path], out: Path) -> dict:
@@ -28,7 +36,7 @@ def load_without_tnt(paths: list[Path], out: Path) -> dict:
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_tnt_files_load_in_plain_keras_and_as_tnt_models(ranks: int) -> None:
-    result = run("plain_files_job", ranks, str(DATA), timeout=300)
+    result = files_job(ranks)
     files = result.out_dir / "files"
     assert not [f for f in result.ranks[0]["files"] if "tnt-tmp" in f]
     for kind, cls in KINDS.items():
@@ -55,7 +63,7 @@ def test_tnt_files_load_in_plain_keras_and_as_tnt_models(ranks: int) -> None:
 
 @pytest.mark.timeout(300)
 def test_files_of_an_earlier_tnt_still_load() -> None:
-    r = run("plain_files_job", 1, str(DATA), timeout=280).ranks[0]
+    r = files_job(1).ranks[0]
     for kind, cls in (("functional", "Functional"), ("subclassed", "Subclassed")):
         k = r[f"legacy_{kind}"]
         assert k["loaded"] == [True, cls, True] and k["loaded_equal"], k
