@@ -282,7 +282,9 @@ def integration(session: nox.Session) -> None:
         "-rs",
         "--durations=5",
         *session.posargs,
-        env={"PYTHONPATH": str(EXAMPLE_DEPS)},
+        # Only the example's job puts these on its PYTHONPATH (test_comm_under_launch.py): on every
+        # rank's, Keras would import scikit-learn and SciPy (from source: no bytecode) in each rank.
+        env={"TNT_TEST_EXAMPLE_DEPS": str(EXAMPLE_DEPS)},
     )
 
 

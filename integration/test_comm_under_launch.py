@@ -53,12 +53,14 @@ def test_crashed_rank_brings_job_down(tmp_path: Path) -> None:
     assert not leftovers, leftovers
 
 
-def launch_or_dump(args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+def launch_or_dump(
+    args: list[str], timeout: float, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """As ``launch``, but a job still running after ``timeout`` does not vanish without a trace: every
     rank is sent SIGABRT, which makes Python's faulthandler print each thread's stack, and the test
     fails with that output."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        env = {**os.environ, "PYTHONFAULTHANDLER": "1", "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONFAULTHANDLER": "1", "PYTHONUNBUFFERED": "1", **(extra_env or {})}
         proc = subprocess.Popen(LAUNCH + args, stdout=out, stderr=err, text=True, cwd=ROOT, env=env)
         try:
             proc.wait(timeout=timeout)
@@ -79,11 +81,22 @@ def launch_or_dump(args: list[str], timeout: float) -> subprocess.CompletedProce
         return subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), err.read())
 
 
+def example_env() -> dict[str, str]:
+    """PYTHONPATH with the folder the nox session installs the example's scikit-learn into
+    (TNT_TEST_EXAMPLE_DEPS), for this job only: Keras imports scikit-learn and SciPy at start
+    wherever they are importable, which would cost every other rank of these tests seconds."""
+    deps = os.environ.get("TNT_TEST_EXAMPLE_DEPS")
+    if not deps:
+        return {}
+    return {"PYTHONPATH": os.pathsep.join(p for p in (deps, os.environ.get("PYTHONPATH")) if p)}
+
+
 @pytest.mark.timeout(240)
 def test_keras_example_under_launch() -> None:
     """The README's main command: the digits example trains on two ranks and reaches its accuracy.
     A collective stalled for 60 s fails with the stalled rank named (tnt-comm's default is 300 s)."""
-    out = launch_or_dump(["-n", "2", "--timeout", "60", "--", "examples/keras_digits.py"], timeout=200)
+    args = ["-n", "2", "--timeout", "60", "--", "examples/keras_digits.py"]
+    out = launch_or_dump(args, timeout=200, extra_env=example_env())
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
     match = re.search(r"test accuracy (\d\.\d+)", out.stdout)
     assert match, out.stdout[-2000:]
