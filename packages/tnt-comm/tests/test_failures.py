@@ -76,9 +76,13 @@ except tc.PeerFailure as e:
 @pytest.mark.timeout(60)
 def test_wait_past_timeout_raises(tmp_path: Path) -> None:
     code = """
-import time, numpy as np, tnt_comm as tc
+import os, pathlib, time, numpy as np, tnt_comm as tc
+done = pathlib.Path(os.environ["DONE_FILE"])
 if tc.rank() == 1:
-    time.sleep(8)      # never joins in time
+    # Never joins in time: it waits until rank 0 has timed out (or given up on it), then leaves.
+    deadline = time.monotonic() + 30
+    while not done.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
     print("late")
 else:
     t = time.monotonic()
@@ -87,8 +91,10 @@ else:
     except tc.Timeout as e:
         assert isinstance(e, TimeoutError)
         print("TIMEOUT", round(time.monotonic() - t, 1), e)
+    finally:
+        done.touch()
 """
-    job = Job(2, code, tmp_path, env={"TNT_TIMEOUT_S": "2"})
+    job = Job(2, code, tmp_path, env={"TNT_TIMEOUT_S": "2", "DONE_FILE": str(tmp_path / "rank0-done")})
     results = job.wait(40)
     assert results[0].stdout.startswith("TIMEOUT"), results[0].stderr[-2000:]
     assert 1.5 <= float(results[0].stdout.split()[1]) < 6

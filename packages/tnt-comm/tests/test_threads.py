@@ -93,8 +93,9 @@ def test_call_while_another_thread_waits_in_the_group_is_refused(tmp_path: Path)
     # Rank 0's first thread waits in an allreduce that rank 1 joins only much later; meanwhile its
     # second thread calls into the same group. Rank 1, single-threaded, must learn it too.
     code = """
-import sys, threading, time, numpy as np, tnt_comm as tc
+import os, pathlib, sys, threading, time, numpy as np, tnt_comm as tc
 g = tc.world()
+refused = pathlib.Path(os.environ["SECOND_CALLED"])
 def call(name):
     try:
         g.allreduce(np.ones(10, np.float32))
@@ -106,12 +107,17 @@ if tc.rank() == 0:
     waiting.start()
     time.sleep(1.0)
     call("second")
+    refused.touch()
     waiting.join()
 else:
-    time.sleep(4.0)
+    # Joins only once rank 0's second thread has called (at most 20 s later, should it never).
+    deadline = time.monotonic() + 20
+    while not refused.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
     call("late")
 """
-    results = Job(2, code, tmp_path, env={"TNT_TIMEOUT_S": "30"}).wait(50)
+    env = {"TNT_TIMEOUT_S": "30", "SECOND_CALLED": str(tmp_path / "second-called")}
+    results = Job(2, code, tmp_path, env=env).wait(50)
     zero = sorted(results[0].stdout.splitlines())
     assert len(zero) == 2 and zero[0].startswith("second refused:") and zero[1].startswith("waiting refused:"), (
         results[0].stdout,

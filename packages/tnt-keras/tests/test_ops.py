@@ -330,7 +330,7 @@ def test_three_ranks_build_once_concurrently(job3: Any, cache: Path) -> None:
     for o in outs:
         assert o["import"][0] < builder["import"][1], outs
     libs = sorted(p.name for p in cache.iterdir() if p.suffix == ".so")
-    assert len(libs) == 1 and not [p for p in cache.iterdir() if p.suffix in (".tmp", ".failed")]
+    assert len(libs) == 1 and not [p for p in cache.iterdir() if p.suffix in (".tmp", ".o", ".failed")]
     assert all(o["library"] and Path(o["library"]).name == libs[0] for o in outs)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -28,8 +29,8 @@ def shared_references(compute: dict[str, Callable[[], Any]], reusable: Iterable[
     The serial references cost N times less CPU than every rank computing all of them.
 
     Results named in ``reusable`` must not depend on the job (its number of ranks, its transport):
-    they are kept in TNT_TEST_CACHE, one folder per test session, and later jobs load them instead
-    of training the same plain Keras models again."""
+    they are kept in TNT_TEST_CACHE, one folder per test session, under the job script's name, and
+    later runs of that script load them instead of training the same plain Keras models again."""
     import tnt_comm  # here, not above: plain_keras_load.py imports this module without tnt
 
     rank, size = tnt_comm.rank(), tnt_comm.size()
@@ -37,7 +38,8 @@ def shared_references(compute: dict[str, Callable[[], Any]], reusable: Iterable[
     cache = Path(os.environ["TNT_TEST_CACHE"]) if "TNT_TEST_CACHE" in os.environ else None
     keep = {name for name in reusable if cache is not None}
     # Decided by every rank before the first barrier; the cache only grows after the second one.
-    cached = {name for name in keep if (cache / f"{name}.pickle").exists()}
+    kept = {name: cache / f"{Path(sys.argv[0]).stem}-{name}.pickle" for name in keep}
+    cached = {name for name in keep if kept[name].exists()}
     todo = [name for name in compute if name not in cached]
     mine = [name for i, name in enumerate(todo) if i % size == rank]
     for name in mine:
@@ -46,12 +48,12 @@ def shared_references(compute: dict[str, Callable[[], Any]], reusable: Iterable[
     tnt_comm.barrier()  # every reference is written
     results = {}
     for name in compute:
-        with open(cache / f"{name}.pickle" if name in cached else folder / f"reference-{name}.pickle", "rb") as f:
+        with open(kept[name] if name in cached else folder / f"reference-{name}.pickle", "rb") as f:
             results[name] = pickle.load(f)
     tnt_comm.barrier()  # every reference is read: the files can go
     for name in mine:
         if name in keep:
-            os.replace(folder / f"reference-{name}.pickle", cache / f"{name}.pickle")
+            os.replace(folder / f"reference-{name}.pickle", kept[name])
         else:
             (folder / f"reference-{name}.pickle").unlink()
     return results

@@ -57,26 +57,19 @@ def compiler() -> list[str]:
     raise BuildError("no C++ compiler found (install g++ or set $CXX)")
 
 
-def _command(cxx: list[str], output: str) -> list[str]:
+def _commands(cxx: list[str], output: str) -> list[list[str]]:
+    """Compiling and linking, as two commands: a compiler cache (``CXX="ccache g++"``) keeps only
+    objects, and passes a command that compiles and links at once to the compiler uncached."""
     import tensorflow as tf
     import tnt_comm
 
-    return [
-        *cxx,
-        "-O2",
-        "-shared",
-        "-fPIC",
-        str(SOURCE),
-        "-o",
-        output,
-        *tf.sysconfig.get_compile_flags(),
-        "-I",
-        tnt_comm.get_include(),
-        *tf.sysconfig.get_link_flags(),
-        # Export nothing: no symbol of a statically linked C++ runtime leaves the library.
-        "-Wl,--exclude-libs,ALL",
-        f"-Wl,--version-script={EXPORTS}",
-    ]
+    obj = output + ".o"
+    compile_ = [*cxx, "-O2", "-fPIC", "-c", str(SOURCE), "-o", obj, *tf.sysconfig.get_compile_flags()]
+    compile_ += ["-I", tnt_comm.get_include()]
+    link = [*cxx, "-shared", obj, "-o", output, *tf.sysconfig.get_link_flags()]
+    # Export nothing: no symbol of a statically linked C++ runtime leaves the library.
+    link += ["-Wl,--exclude-libs,ALL", f"-Wl,--version-script={EXPORTS}"]
+    return [compile_, link]
 
 
 def _abi_digest() -> hashlib._Hash:
@@ -123,7 +116,8 @@ def library_path(cxx: list[str]) -> Path:
     import tensorflow as tf
 
     digest = _abi_digest()
-    digest.update("\0".join(_command(cxx, "OUT")).encode())
+    for command in _commands(cxx, "OUT"):
+        digest.update("\0".join(command).encode())
     name = f"tnt_ops-tf{tf.__version__}-{sys.implementation.cache_tag}-{digest.hexdigest()[:16]}.so"
     return cache_dir() / name
 
@@ -133,20 +127,20 @@ def _compile(cxx: list[str], target: Path) -> None:
     os.close(fd)
     try:
         t0 = time.monotonic()
-        try:
-            proc = subprocess.run(
-                _command(cxx, tmp), capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S, check=False
-            )
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise BuildError(f"{' '.join(cxx)} failed to run: {e}") from None
-        if proc.returncode != 0:
-            tail = (proc.stderr or proc.stdout)[-2000:].strip()
-            raise BuildError(f"{' '.join(cxx)} exited with {proc.returncode}" + (f":\n{tail}" if tail else ""))
+        for command in _commands(cxx, tmp):
+            try:
+                proc = subprocess.run(command, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S, check=False)
+            except (OSError, subprocess.TimeoutExpired) as e:
+                raise BuildError(f"{' '.join(cxx)} failed to run: {e}") from None
+            if proc.returncode != 0:
+                tail = (proc.stderr or proc.stdout)[-2000:].strip()
+                raise BuildError(f"{' '.join(cxx)} exited with {proc.returncode}" + (f":\n{tail}" if tail else ""))
         os.replace(tmp, target)  # atomic: a reader sees no library or a whole one
         log.info("tnt_keras: compiled the TensorFlow op in %.1f s: %s", time.monotonic() - t0, target)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        for leftover in (tmp, tmp + ".o"):
+            if os.path.exists(leftover):
+                os.unlink(leftover)
 
 
 def _tf_version() -> str:
@@ -183,8 +177,9 @@ def build() -> Path:
         # Reuse a failure that another process met while we waited; an older one is retried.
         if failed.exists() and failed.stat().st_mtime >= asked - 1.0:
             raise BuildError(failed.read_text())
-        for stale in target.parent.glob(target.stem + ".*.tmp"):  # left by a compile that was killed
-            stale.unlink(missing_ok=True)
+        for pattern in (".*.tmp", ".*.tmp.o"):  # left by a compile that was killed
+            for stale in target.parent.glob(target.stem + pattern):
+                stale.unlink(missing_ok=True)
         log.warning(
             "tnt_keras: compiling the TensorFlow op for TF %s (once per host, about 10 s; "
             "`pip install --no-build-isolation` builds it at install time)",
