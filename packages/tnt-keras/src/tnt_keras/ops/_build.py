@@ -129,7 +129,16 @@ def _compile(cxx: list[str], target: Path) -> None:
         t0 = time.monotonic()
         for command in _commands(cxx, tmp):
             try:
-                proc = subprocess.run(command, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S, check=False)
+                # From the source's folder, not the caller's: ccache with a base_dir keys the paths
+                # relative to where the compiler runs, so a job's own temporary folder would miss.
+                proc = subprocess.run(
+                    command,
+                    cwd=SOURCE.parent,
+                    capture_output=True,
+                    text=True,
+                    timeout=COMPILE_TIMEOUT_S,
+                    check=False,
+                )
             except (OSError, subprocess.TimeoutExpired) as e:
                 raise BuildError(f"{' '.join(cxx)} failed to run: {e}") from None
             if proc.returncode != 0:
