@@ -297,8 +297,9 @@ def integration(session: nox.Session) -> None:
     # and job registry, so they do not meet test_comm_under_launch.py's checks of this machine's
     # (whose tests keep to one worker: an xdist_group); its ranks wait on timeouts and ssh much of
     # the time. Each worker that runs test_cluster.py's tests builds a cluster of its own.
-    # (2026-11-24 on 2 cores: 144 s one file after the other, 130 s side by side by file, 108-118 s spread by
-    # test; the cut-link tests ended 6.1-6.6 s after the cut either way, against their 10 s bound.)
+    # (2026-11-24 on 2 cores: 144 s one file after the other, 130 s side by side by file, 108-118 s
+    # spread by test; the cut-link tests ended 6.1-6.6 s after the cut by file and 6.1-7.3 s spread
+    # by test, against their 10 s bound.)
     env.run(
         "pytest",
         str(ROOT / "integration"),
