@@ -20,6 +20,7 @@ As a script (as root):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import secrets
@@ -129,9 +130,42 @@ class Cluster:
                 time.sleep(0.05)
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
-        for netns in [*self.hosts, self.switch]:
+        # What still runs on the hosts outlived its sshd: the session of a connection that a cut link
+        # left open waits for a FIN that never comes. Ours too, so it goes before its namespace.
+        namespaces = [*self.hosts, self.switch]
+        stayed = _processes_in(namespaces)
+        if stayed:
+            print(f"netns cluster {self.prefix}: ending {len(stayed)} processes that outlived their sshd: {stayed}")
+        for pid in stayed:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and any(_running(pid) for pid in stayed):
+            time.sleep(0.05)
+        left = [pid for pid in stayed if _running(pid)]
+        for netns in namespaces:
             _ip("netns", "del", netns, check=False)
         shutil.rmtree(self.folder, ignore_errors=True)
+        if left:
+            raise RuntimeError(f"processes on the cluster's hosts survived SIGKILL: {left}")
+
+
+def _processes_in(namespaces: list[str]) -> list[int]:
+    """The processes whose network namespace is one of ``namespaces`` (live ones, not zombies)."""
+    pids = []
+    for netns in namespaces:
+        done = _ip("netns", "pids", netns, check=False)
+        pids += [int(p) for p in done.stdout.split()] if done.returncode == 0 else []
+    return [pid for pid in pids if _running(pid)]
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (one that init has yet to reap is gone for our purpose)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _alive(pid: int) -> bool:
