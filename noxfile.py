@@ -100,11 +100,7 @@ class SharedEnv:
             # Again with TensorFlow importable at build time, as users get with --no-build-isolation:
             # the wheel then carries the compiled op (test_prebuilt_op checks that it is the one
             # loaded, and that `python -m tnt_keras.ops` finds it).
-            self.run(
-                "python",
-                *("-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps", "--force-reinstall", str(KERAS)),
-                env=op_compiler_cache(),
-            )
+            self.pip("--no-build-isolation", "--no-deps", "--force-reinstall", str(KERAS), env=op_compiler_cache())
             self.wait(bytecode)
         elif part == "example":
             # scikit-learn (the example's data) goes to a folder of its own, put on PYTHONPATH only
@@ -116,8 +112,8 @@ class SharedEnv:
             raise ValueError(f"unknown part {part!r}")
         SharedEnv.installed.add(part)
 
-    def pip(self, *args: str) -> None:
-        self.run("python", "-m", "pip", "install", "-q", *args)
+    def pip(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.run("python", "-m", "pip", "install", "-q", *args, env=env)
 
     def run(self, program: str, *args: str, env: dict[str, str] | None = None) -> None:
         self.session.run(*self._argv(program, args), env=self._env(env), external=True)
