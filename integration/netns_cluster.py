@@ -140,9 +140,9 @@ class Cluster:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and any(_running(pid) for pid in stayed):
+        while time.monotonic() < deadline and any(_alive(pid) for pid in stayed):
             time.sleep(0.05)
-        left = [pid for pid in stayed if _running(pid)]
+        left = [pid for pid in stayed if _alive(pid)]
         for netns in namespaces:
             _ip("netns", "del", netns, check=False)
         shutil.rmtree(self.folder, ignore_errors=True)
@@ -156,27 +156,19 @@ def _processes_in(namespaces: list[str]) -> list[int]:
     for netns in namespaces:
         done = _ip("netns", "pids", netns, check=False)
         pids += [int(p) for p in done.stdout.split()] if done.returncode == 0 else []
-    return [pid for pid in pids if _running(pid)]
+    return [pid for pid in pids if _alive(pid)]
 
 
-def _running(pid: int) -> bool:
-    """Alive and not a zombie (one that init has yet to reap is gone for our purpose)."""
+def _alive(pid: int) -> bool:
+    """Running, and not a zombie: a child of ours is reaped here, one that init has yet to reap
+    (a session orphaned by its sshd) is gone for our purpose."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie child of ours counts as gone once reaped
-        return os.waitpid(pid, os.WNOHANG) == (0, 0)
-    except ChildProcessError:
-        return True
 
 
 def up(hosts: int, rate: str | None = None, delay: str | None = None, loss: str | None = None) -> Cluster:
