@@ -212,7 +212,8 @@ def comm(session: nox.Session) -> None:
     """tnt-comm's Python tests: real ranks, every collective, failures."""
     env = SharedEnv(session, "comm", "test")
     # One worker per core: on two per core (6 s faster), a 6-rank job once lost a rank's last frames
-    # at its exit (see docs/comm.md, "Suspected bug").
+    # at its exit. finalize() now waits for that (docs/comm.md, "Leaving"), but the loss was never
+    # reproduced on demand, so there is no proof yet that two per core are safe.
     env.run("pytest", str(COMM / "tests"), "-q", "-rs", *concurrently(), *session.posargs)
 
 
@@ -295,7 +296,7 @@ def integration(session: nox.Session) -> None:
     # one file after the other, 130 s side by side; the cut-link tests ended 6.1-6.6 s after the
     # cut either way, against their 10 s bound). Spread by test (two clusters at once), 108-118 s,
     # but under that load one run lost a rank's last GPI-2 writes at its exit (docs/comm.md,
-    # "Suspected bug"): not until that is fixed.
+    # "Leaving": fixed since by analysis, not by a reproduction, so not yet).
     env.run(
         "pytest",
         str(ROOT / "integration"),

@@ -2,6 +2,8 @@
 
 #include <sched.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <thread>
@@ -157,7 +159,42 @@ void Runtime::finalize() {
     if (runtime) g_finalized = true;
   }
   if (!runtime) return;
-  if (!runtime->fabric_->failed()) runtime->engine_->drain();
+  if (runtime->fabric_->failed()) return;
+  runtime->engine_->drain();
+  runtime->fabric_->say_goodbye();
+  runtime->settle();
+}
+
+// A collective completes on this rank once it has what it needs, which may be before its peers
+// have what this rank sent them: over TCP or GPI-2 those bytes can still sit in this host's socket
+// buffers. A process that exited then could lose them (a socket closed with unread data is reset,
+// and the reset drops what was not yet transmitted), and a peer still in that collective would
+// wait for data that never comes. So this rank leaves once every peer has consumed its messages
+// (acknowledgements are sent as messages are consumed) or has said goodbye itself, having then
+// consumed all it ever will.
+void Runtime::settle() {
+  const Deadline until = deadline_after(identity_.timeout_s);
+  Doorbell bell = fabric_->doorbell();
+  while (!fabric_->failed()) {
+    const std::uint32_t seen = bell.value();
+    std::string waiting;
+    for (int r = 0; r < identity_.size; ++r) {
+      const Channel* c = channels_[static_cast<std::size_t>(r)].get();
+      if (c != nullptr && c->unconsumed() > 0 && !fabric_->heard_goodbye(r)) {
+        waiting += (waiting.empty() ? "" : ", ") + std::to_string(r);
+      }
+    }
+    if (waiting.empty()) return;
+    if (Clock::now() >= until) {
+      std::fprintf(stderr,
+                   "tnt_comm: rank %d leaves after waiting %s (the collective timeout) for rank(s) %s to "
+                   "read the last messages it sent them; they may report it as failed\n",
+                   identity_.rank, format_seconds(identity_.timeout_s).c_str(), waiting.c_str());
+      return;
+    }
+    // Acknowledgements ring the doorbell; a goodbye heard over TCP may not, hence the bound.
+    bell.sleep(seen, std::min(0.01, std::max(0.0, seconds_left(until))));
+  }
 }
 
 std::shared_ptr<Group> Runtime::new_group(std::vector<int> world_ranks) {

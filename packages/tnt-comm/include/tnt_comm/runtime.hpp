@@ -44,8 +44,9 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   static Runtime& init(const Identity& identity);
   // The runtime if initialised, else nullptr.
   static Runtime* get();
-  // Waits for outstanding work, says goodbye to peers and tears everything down. Groups, Work
-  // handles and FusedAllreduce objects kept beyond it raise Error instead of touching freed state.
+  // Waits for outstanding work, says goodbye to peers, waits until they have read what this rank
+  // sent them (or have left too; at most the collective timeout) and tears everything down. Groups,
+  // Work handles and FusedAllreduce objects kept beyond it raise Error instead of touching freed state.
   static void finalize();
 
   ~Runtime();
@@ -77,6 +78,8 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   explicit Runtime(const Identity& identity);
   // Needs the global lock: creates the runtime unless it runs, refuses after finalize().
   static void start(const Identity& identity);
+  // Waits until every peer has consumed the messages this rank sent it, or has said goodbye.
+  void settle();
 
   Identity identity_;
   std::unique_ptr<Fabric> fabric_;

@@ -39,6 +39,8 @@ class Channel {
   const MessageHeader* peek(std::uint64_t key, std::uint64_t index);
   // Frees the slot of that message (messages may be consumed out of order within the window).
   void consume(std::uint64_t key, std::uint64_t index);
+  // Messages written to the peer that it has not consumed yet (read once the engine is drained).
+  std::uint64_t unconsumed() const { return sent_ - acked_->load(std::memory_order_acquire); }
   // Operations taken in by the engine will read stream `key` up to message `end`.
   void claim(std::uint64_t key, std::uint64_t end);
   // The first arrived message of stream `key` that no operation taken in will read, else nullptr.

@@ -400,10 +400,16 @@ void Fabric::send_frame(Peer& peer, FrameHeader::Type type, const std::string& t
 }
 
 void Fabric::goodbye_from(Peer& peer) {
+  peer.left.store(true, std::memory_order_release);
   if (peer.byes_due.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
   peer.departed.store(true, std::memory_order_release);
   departures_.fetch_add(1, std::memory_order_acq_rel);
   doorbell().ring();
+}
+
+bool Fabric::heard_goodbye(int rank) const {
+  const auto& peer = peers_[static_cast<std::size_t>(rank)];
+  return peer && peer->left.load(std::memory_order_acquire);
 }
 
 bool Fabric::departed(int rank) const {
@@ -469,6 +475,7 @@ void Fabric::receive_loop() {
 void Fabric::handle_frame(Peer& peer) {
   auto peer_died = [&](const std::string& why) {
     peer.closed = true;
+    peer.left.store(true, std::memory_order_release);
     if (peer.said_bye) return;
     fail(FailureKind::peer, peer.rank,
          "rank " + std::to_string(peer.rank) + " failed: " + why +
@@ -529,6 +536,37 @@ void Fabric::handle_frame(Peer& peer) {
   }
 }
 
+void Fabric::say_goodbye() {
+  if (said_goodbye_ || failed()) return;
+  said_goodbye_ = true;
+  for (auto& peer : peers_) {
+#ifdef TNT_COMM_HAVE_GPI2
+    if (peer && gpi2_ && peer->link && std::strcmp(peer->link->kind(), "gpi2") == 0) {
+      gpi2_->say_bye(peer->rank);
+    }
+#endif
+    if (peer && peer->sock.valid()) send_frame(*peer, FrameHeader::bye, "");
+  }
+}
+
+// A socket closed while bytes it received are unread (a peer's late acknowledgement, say) is
+// reset instead of closed, and the reset drops what it had not transmitted yet: our goodbye, or a
+// peer would see a failure where we left. So: no more sends (the FIN follows our last frame), and
+// the receiver reads on until the peer's TCP has acknowledged all we sent, or its side is gone.
+void Fabric::close_gracefully() {
+  if (!receiver_.joinable()) return;
+  for (auto& peer : peers_) {
+    if (peer && peer->sock.valid()) ::shutdown(peer->sock.fd(), SHUT_WR);
+  }
+  const Deadline until = deadline_after(kClosingWaitS);
+  for (auto& peer : peers_) {
+    if (!peer || !peer->sock.valid()) continue;
+    while (peer->sock.unacknowledged_bytes() > 0 && !failed() && Clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+}
+
 void Fabric::shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
@@ -536,14 +574,8 @@ void Fabric::shutdown() {
     // Not a clean goodbye: pass the failure on, so no peer mistakes our leaving for its cause.
     tell_failure();
   } else {
-    for (auto& peer : peers_) {
-#ifdef TNT_COMM_HAVE_GPI2
-      if (peer && gpi2_ && peer->link && std::strcmp(peer->link->kind(), "gpi2") == 0) {
-        gpi2_->say_bye(peer->rank);
-      }
-#endif
-      if (peer && peer->sock.valid()) send_frame(*peer, FrameHeader::bye, "");
-    }
+    say_goodbye();
+    close_gracefully();
   }
   if (receiver_.joinable()) {
     char c = 'q';

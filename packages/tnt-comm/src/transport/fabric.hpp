@@ -55,8 +55,13 @@ class Fabric {
   bool failed() const { return failure_.load(std::memory_order_acquire) != FailureKind::none; }
   [[noreturn]] void throw_failure() const;
 
-  // Says goodbye to every peer and stops the receiver thread.
+  // Tells every peer that this rank finalized and will send no more (unless the job failed).
+  void say_goodbye();
+  // Says goodbye unless done, closes the TCP connections once their last bytes have arrived and
+  // stops the receiver thread.
   void shutdown();
+  // Whether the peer said goodbye or its connection closed: it will read no more of our messages.
+  bool heard_goodbye(int rank) const;
 
   // Peers that said goodbye (finalized) and so will never send again. The count only grows.
   std::uint32_t departures() const { return departures_.load(std::memory_order_acquire); }
@@ -83,6 +88,7 @@ class Fabric {
     std::atomic<int> byes_due{1};
     bool closed = false;
     std::atomic<bool> departed{false};
+    std::atomic<bool> left{false};  // a goodbye of either kind arrived, or the connection closed
   };
 
   void complete_gpi2_writes();
@@ -91,6 +97,9 @@ class Fabric {
   void receive_loop();
   void handle_frame(Peer& peer);
   void send_frame(Peer& peer, FrameHeader::Type type, const std::string& text);
+  // The closing handshake of a clean shutdown (see fabric.cpp).
+  void close_gracefully();
+  static constexpr double kClosingWaitS = 10.0;
   // Sends the recorded failure to every peer still connected (an abort frame).
   void tell_failure();
 
@@ -103,6 +112,7 @@ class Fabric {
   std::vector<std::unique_ptr<Peer>> peers_;  // indexed by world rank; our own entry is empty
   std::thread receiver_;
   int wake_[2] = {-1, -1};
+  bool said_goodbye_ = false;
   bool shut_down_ = false;
 
   std::atomic<std::uint32_t> departures_{0};

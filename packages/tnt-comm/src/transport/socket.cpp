@@ -1,11 +1,13 @@
 #include "transport/socket.hpp"
 
 #include <arpa/inet.h>
+#include <linux/sockios.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -51,6 +53,17 @@ Socket& Socket::operator=(Socket&& other) noexcept {
     fd_ = other.release();
   }
   return *this;
+}
+
+std::size_t Socket::unacknowledged_bytes() const {
+  tcp_info info{};
+  socklen_t length = sizeof info;
+  if (fd_ < 0 || ::getsockopt(fd_, IPPROTO_TCP, TCP_INFO, &info, &length) != 0 || info.tcpi_state == TCP_CLOSE) {
+    return 0;
+  }
+  int queued = 0;
+  if (::ioctl(fd_, SIOCOUTQ, &queued) != 0 || queued < 0) return 0;
+  return static_cast<std::size_t>(queued);
 }
 
 void Socket::close() {

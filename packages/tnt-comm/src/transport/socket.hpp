@@ -38,6 +38,9 @@ class Socket {
   bool recv_all(void* data, std::size_t bytes) const;
   // Waits until readable or the deadline; false on timeout.
   bool wait_readable(Deadline deadline) const;
+  // Bytes sent (a FIN included) that the peer's TCP has not acknowledged yet; 0 once the
+  // connection is reset or closed, when none ever will be.
+  std::size_t unacknowledged_bytes() const;
 
   int fd() const { return fd_; }
   bool valid() const { return fd_ >= 0; }
