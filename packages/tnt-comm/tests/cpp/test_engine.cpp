@@ -1,8 +1,12 @@
 // The runtime end to end in real processes (fork): engine, channels, shm and TCP links, every
-// collective, fusion and failure handling. Run under ASan/UBSan and TSan by the nox sessions.
+// collective, fusion, failure handling, and finalize() waiting for a peer to read its last message.
+// Run under ASan/UBSan and TSan by the nox sessions.
+#include <poll.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <numeric>
@@ -11,6 +15,7 @@
 #include <vector>
 
 #include "check.hpp"
+#include "collectives/channel.hpp"
 #include "tnt_comm/tnt_comm.hpp"
 
 using namespace tnt;
@@ -99,6 +104,26 @@ int child(int rank, int size, int port, const std::string& transport) {
   return check_failures() == 0 ? 0 : 1;
 }
 
+Identity identity(int rank, int size, int port, const std::string& transport) {
+  Identity id;
+  id.rank = rank;
+  id.size = size;
+  id.local_rank = rank;
+  id.local_size = size;
+  id.node_rank = transport == "tcp" ? rank : 0;
+  id.master_port = port;
+  id.job_id = "cppsettle" + std::to_string(::getppid()) + transport;
+  id.token = "secret";
+  id.transport = transport;
+  id.timeout_s = 60;
+  return id;
+}
+
+bool readable_within(int fd, int ms) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, ms) == 1;
+}
+
 bool run_job(int size, const std::string& transport) {
   const int port = 20000 + static_cast<int>(::getpid() % 20000);
   std::vector<pid_t> pids;
@@ -123,6 +148,86 @@ bool run_job(int size, const std::string& transport) {
     ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
   }
   std::printf("%d ranks over %s: %s\n", size, transport.c_str(), ok ? "ok" : "FAILED");
+  std::fflush(stdout);  // or the next job's children would print it again as they exit
+  return ok;
+}
+
+// finalize() waits until its peer has read the last message sent to it, or has left, or the
+// collective timeout has passed. Rank 1 writes one message on its channel to rank 0 (as an
+// operation's last send would) and finalizes, telling through a pipe when finalize() returned.
+// Rank 0 then reads it a second later ("read"), finalizes without reading it ("leave"), or never
+// reads it and stays ("stay": rank 1's timeout is 1 s).
+int settle_child(int rank, int port, const std::string& transport, const std::string& mode, int left_fd) {
+  Identity id = identity(rank, 2, port, transport);
+  if (mode == "stay") id.timeout_s = 1;
+  Runtime& rt = Runtime::init(id);
+  const std::uint64_t key = 0x5e771e;  // a stream of its own
+  if (rank == 1) {
+    Channel& to_0 = *rt.channel(0);
+    MessageHeader header{};
+    header.desc.group = key;
+    header.bytes = 4;
+    const std::uint32_t payload = 0xfeed;
+    CHECK(to_0.reserve_send(key, 1) == 0 && to_0.can_send(key, 0));
+    to_0.send(key, header, &payload);
+    Runtime::finalize();
+    CHECK(::write(left_fd, "x", 1) == 1);
+    return check_failures() == 0 ? 0 : 1;
+  }
+  Channel& from_1 = *rt.channel(1);
+  const MessageHeader* got = nullptr;
+  for (int i = 0; i < 30000 && got == nullptr; ++i) {
+    got = from_1.peek(key, 0);
+    if (got == nullptr) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  CHECK(got != nullptr);
+  if (got == nullptr) return 1;
+  if (mode == "read") {
+    CHECK(!readable_within(left_fd, 1000));  // rank 1 still waits in finalize()
+    CHECK(*reinterpret_cast<const std::uint32_t*>(reinterpret_cast<const std::byte*>(got) + 64) == 0xfeed);
+    from_1.consume(key, 0);
+    CHECK(readable_within(left_fd, 30000));  // and leaves once its message was read
+  } else if (mode == "leave") {
+    Runtime::finalize();
+    CHECK(readable_within(left_fd, 30000));  // long before rank 1's timeout (60 s)
+  } else {
+    CHECK(readable_within(left_fd, 30000));  // after its own timeout (1 s)
+  }
+  Runtime::finalize();
+  return check_failures() == 0 ? 0 : 1;
+}
+
+bool run_settle_job(const std::string& transport, const std::string& mode) {
+  static int jobs = 0;
+  const int port = 20000 + static_cast<int>(::getpid() % 20000) + 3 + jobs++;
+  int left[2];
+  if (::pipe(left) != 0) return false;
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 2; ++r) {
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      int rc = 1;
+      try {
+        rc = settle_child(r, port, transport, mode, r == 1 ? left[1] : left[0]);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: %s\n", r, e.what());
+      }
+      std::fflush(nullptr);
+      ::_exit(rc);
+    }
+    pids.push_back(pid);
+  }
+  ::close(left[0]);
+  ::close(left[1]);
+  bool ok = true;
+  for (pid_t pid : pids) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  std::printf("finalize with an unread message over %s, peer %s: %s\n", transport.c_str(), mode.c_str(),
+              ok ? "ok" : "FAILED");
+  std::fflush(stdout);
   return ok;
 }
 
@@ -132,5 +237,8 @@ int main() {
   CHECK(run_job(2, "shm"));
   CHECK(run_job(3, "tcp"));
   CHECK(run_job(4, "mixed"));
+  for (const char* transport : {"shm", "tcp"}) {
+    for (const char* mode : {"read", "leave", "stay"}) CHECK(run_settle_job(transport, mode));
+  }
   return finish("engine");
 }
