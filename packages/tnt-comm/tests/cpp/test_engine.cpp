@@ -155,11 +155,11 @@ bool run_job(int size, const std::string& transport) {
 // finalize() waits until its peer has read the last message sent to it, or has left, or the
 // collective timeout has passed. Rank 1 writes one message on its channel to rank 0 (as an
 // operation's last send would) and finalizes, telling through a pipe when finalize() returned.
-// Rank 0 then reads it a second later ("read"), finalizes without reading it ("leave"), or never
-// reads it and stays ("stay": rank 1's timeout is 1 s).
+// Rank 0 then reads it half a second later ("read"), finalizes without reading it ("leave"), or
+// never reads it and stays ("stay": rank 1's timeout is 0.3 s).
 int settle_child(int rank, int port, const std::string& transport, const std::string& mode, int left_fd) {
   Identity id = identity(rank, 2, port, transport);
-  if (mode == "stay") id.timeout_s = 1;
+  if (mode == "stay") id.timeout_s = 0.3;
   Runtime& rt = Runtime::init(id);
   const std::uint64_t key = 0x5e771e;  // a stream of its own
   if (rank == 1) {
@@ -183,7 +183,7 @@ int settle_child(int rank, int port, const std::string& transport, const std::st
   CHECK(got != nullptr);
   if (got == nullptr) return 1;
   if (mode == "read") {
-    CHECK(!readable_within(left_fd, 1000));  // rank 1 still waits in finalize()
+    CHECK(!readable_within(left_fd, 500));  // rank 1 still waits in finalize()
     CHECK(*reinterpret_cast<const std::uint32_t*>(reinterpret_cast<const std::byte*>(got) + 64) == 0xfeed);
     from_1.consume(key, 0);
     CHECK(readable_within(left_fd, 30000));  // and leaves once its message was read
@@ -191,7 +191,7 @@ int settle_child(int rank, int port, const std::string& transport, const std::st
     Runtime::finalize();
     CHECK(readable_within(left_fd, 30000));  // long before rank 1's timeout (60 s)
   } else {
-    CHECK(readable_within(left_fd, 30000));  // after its own timeout (1 s)
+    CHECK(readable_within(left_fd, 30000));  // after its own timeout
   }
   Runtime::finalize();
   return check_failures() == 0 ? 0 : 1;
