@@ -17,10 +17,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH = [sys.executable, "-m", "tnt_launch"]
 
-# These jobs run on this machine and check its /dev/shm before and after: under pytest-xdist they
-# all go to one worker (--dist loadgroup), so that none sees another's segments.
-pytestmark = pytest.mark.xdist_group("this_machine")
-
 
 def launch(args: list[str], timeout: float = 90) -> subprocess.CompletedProcess[str]:
     return subprocess.run(LAUNCH + args, capture_output=True, text=True, timeout=timeout, cwd=ROOT, check=False)

@@ -85,7 +85,8 @@ def init() -> None:
 
 
 def finalize() -> None:
-    """Waits for outstanding work and disconnects from every peer."""
+    """Waits for outstanding work and for every peer to have read what this rank sent it (or to
+    have left; at most the collective timeout), then disconnects from every peer."""
     _inflight.clear()
     _core.finalize()
 

@@ -1,8 +1,8 @@
 #include "transport/socket.hpp"
 
 #include <arpa/inet.h>
-#include <linux/sockios.h>
 #include <fcntl.h>
+#include <linux/sockios.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
