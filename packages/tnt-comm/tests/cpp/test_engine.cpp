@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <numeric>
 #include <string>
 #include <thread>
@@ -22,7 +23,8 @@ using namespace tnt;
 
 namespace {
 
-int child(int rank, int size, int port, const std::string& transport) {
+// A rank of job `job` over `transport` ("mixed": two fake hosts, shm within and TCP between).
+Identity identity(int rank, int size, int port, const std::string& transport, const std::string& job) {
   Identity id;
   id.rank = rank;
   id.size = size;
@@ -30,11 +32,41 @@ int child(int rank, int size, int port, const std::string& transport) {
   id.local_size = size;
   id.node_rank = transport == "mixed" ? rank % 2 : 0;
   id.master_port = port;
-  id.job_id = "cpptest" + std::to_string(::getppid()) + transport;
+  id.job_id = job + std::to_string(::getppid()) + transport;
   id.token = "secret";
   id.transport = transport == "mixed" ? "auto" : transport;
   id.timeout_s = 60;
-  Runtime& rt = Runtime::init(id);
+  return id;
+}
+
+// Forks `size` ranks that each return rank_main(rank) as their exit code; true if all exit 0.
+bool run_ranks(int size, const std::function<int(int)>& rank_main) {
+  std::vector<pid_t> pids;
+  for (int r = 0; r < size; ++r) {
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      int rc = 1;
+      try {
+        rc = rank_main(r);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: %s\n", r, e.what());
+      }
+      std::fflush(nullptr);
+      ::_exit(rc);
+    }
+    pids.push_back(pid);
+  }
+  bool ok = true;
+  for (pid_t pid : pids) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  return ok;
+}
+
+int child(int rank, int size, int port, const std::string& transport) {
+  Runtime& rt = Runtime::init(identity(rank, size, port, transport, "cpptest"));
   Group& world = rt.world();
   for (std::size_t count : {std::size_t{0}, std::size_t{3}, std::size_t{10000}, std::size_t{200000}}) {
     std::vector<float> x(count, static_cast<float>(rank + 1)), y(count);
@@ -104,49 +136,15 @@ int child(int rank, int size, int port, const std::string& transport) {
   return check_failures() == 0 ? 0 : 1;
 }
 
-Identity identity(int rank, int size, int port, const std::string& transport) {
-  Identity id;
-  id.rank = rank;
-  id.size = size;
-  id.local_rank = rank;
-  id.local_size = size;
-  id.node_rank = transport == "tcp" ? rank : 0;
-  id.master_port = port;
-  id.job_id = "cppsettle" + std::to_string(::getppid()) + transport;
-  id.token = "secret";
-  id.transport = transport;
-  id.timeout_s = 60;
-  return id;
-}
-
 bool readable_within(int fd, int ms) {
   pollfd p{fd, POLLIN, 0};
   return ::poll(&p, 1, ms) == 1;
 }
 
 bool run_job(int size, const std::string& transport) {
-  const int port = 20000 + static_cast<int>(::getpid() % 20000);
-  std::vector<pid_t> pids;
-  for (int r = 0; r < size; ++r) {
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      int rc = 1;
-      try {
-        rc = child(r, size, port + (transport == "tcp" ? 1 : transport == "mixed" ? 2 : 0), transport);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "rank %d: %s\n", r, e.what());
-      }
-      std::fflush(nullptr);
-      ::_exit(rc);
-    }
-    pids.push_back(pid);
-  }
-  bool ok = true;
-  for (pid_t pid : pids) {
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  }
+  const int port =
+      20000 + static_cast<int>(::getpid() % 20000) + (transport == "tcp" ? 1 : transport == "mixed" ? 2 : 0);
+  const bool ok = run_ranks(size, [&](int r) { return child(r, size, port, transport); });
   std::printf("%d ranks over %s: %s\n", size, transport.c_str(), ok ? "ok" : "FAILED");
   std::fflush(stdout);  // or the next job's children would print it again as they exit
   return ok;
@@ -158,7 +156,7 @@ bool run_job(int size, const std::string& transport) {
 // Rank 0 then reads it half a second later ("read"), finalizes without reading it ("leave"), or
 // never reads it and stays ("stay": rank 1's timeout is 0.3 s).
 int settle_child(int rank, int port, const std::string& transport, const std::string& mode, int left_fd) {
-  Identity id = identity(rank, 2, port, transport);
+  Identity id = identity(rank, 2, port, transport, "cppsettle");
   if (mode == "stay") id.timeout_s = 0.3;
   Runtime& rt = Runtime::init(id);
   const std::uint64_t key = 0x5e771e;  // a stream of its own
@@ -202,29 +200,10 @@ bool run_settle_job(const std::string& transport, const std::string& mode) {
   const int port = 20000 + static_cast<int>(::getpid() % 20000) + 3 + jobs++;
   int left[2];
   if (::pipe(left) != 0) return false;
-  std::vector<pid_t> pids;
-  for (int r = 0; r < 2; ++r) {
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      int rc = 1;
-      try {
-        rc = settle_child(r, port, transport, mode, r == 1 ? left[1] : left[0]);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "rank %d: %s\n", r, e.what());
-      }
-      std::fflush(nullptr);
-      ::_exit(rc);
-    }
-    pids.push_back(pid);
-  }
+  const bool ok =
+      run_ranks(2, [&](int r) { return settle_child(r, port, transport, mode, r == 1 ? left[1] : left[0]); });
   ::close(left[0]);
   ::close(left[1]);
-  bool ok = true;
-  for (pid_t pid : pids) {
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  }
   std::printf("finalize with an unread message over %s, peer %s: %s\n", transport.c_str(), mode.c_str(),
               ok ? "ok" : "FAILED");
   std::fflush(stdout);
