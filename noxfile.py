@@ -211,9 +211,9 @@ def lint(session: nox.Session) -> None:
 def comm(session: nox.Session) -> None:
     """tnt-comm's Python tests: real ranks, every collective, failures."""
     env = SharedEnv(session, "comm", "test")
-    # One worker per core. Two per core were 4-5 s faster, but keep both cores busy (97%), and the
-    # rendezvous of a job waits only its collective timeout, 2-3 s in several tests: under the load
-    # of two per core, a job may then fail to start (seen in the integration tests, below).
+    # One worker per core. Two per core were 4-5 s faster but kept both cores at 97%, and a job's
+    # rendezvous waits only its collective timeout, 2-3 s in several tests: under that load a job
+    # may fail to start (seen in the integration tests, below).
     env.run("pytest", str(COMM / "tests"), "-q", "-rs", *concurrently(), *session.posargs)
 
 
