@@ -442,8 +442,11 @@ def test_gpi2_port_base_skips_taken_and_busy_ranges() -> None:
     # A range another running job holds is passed over, though its ports are still free.
     first = gpi2.free_port_base(1, rng=random.Random(7))
     assert gpi2.free_port_base(1, taken={first}, rng=random.Random(7)) != first
-    # A port in use (here: socket 1's service port) makes the whole range busy.
+    # A port in use (here: socket 1's service port) makes the whole range busy. SO_REUSEADDR as
+    # GPI-2 binds: a connection an earlier job left in TIME_WAIT on that port must not fail the
+    # bind (it did once in CI, after the GPI-2 tests).
     with socket.socket() as busy:
+        busy.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         busy.bind(("", first + 256 + 1))
         busy.listen()
         assert gpi2.free_port_base(2, rng=random.Random(7)) != first
