@@ -142,6 +142,7 @@ PYBIND11_MODULE(_core, m) {
     d["node_rank"] = id.node_rank;
     d["job_id"] = id.job_id;
     d["timeout_s"] = id.timeout_s;
+    d["start_timeout_s"] = id.start_timeout_s;
     return d;
   });
   m.def("transports", [] { return tnt::Runtime::init().transports(); });

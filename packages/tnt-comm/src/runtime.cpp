@@ -51,19 +51,25 @@ int cpus_available() {
   return static_cast<int>(std::thread::hardware_concurrency());
 }
 
+// A positive number of seconds from the environment (inf: no limit), or `fallback` where unset.
+double env_seconds(const char* name, double fallback) {
+  const char* t = env(name);
+  if (t == nullptr) return fallback;
+  char* end = nullptr;
+  const double seconds = std::strtod(t, &end);
+  if (*end != '\0' || !(seconds > 0)) {
+    throw InvalidArgument(std::string(name) + "=" + t + " is not a positive number of seconds (inf: no limit)");
+  }
+  return seconds;
+}
+
 }  // namespace
 
 Identity Identity::from_environment() {
   Identity id;
   id.size = static_cast<int>(env_int("TNT_SIZE", 1, 1, 1 << 20));
-  if (const char* t = env("TNT_TIMEOUT_S")) {
-    char* end = nullptr;
-    id.timeout_s = std::strtod(t, &end);
-    if (*end != '\0' || !(id.timeout_s > 0)) {
-      throw InvalidArgument(std::string("TNT_TIMEOUT_S=") + t +
-                            " is not a positive number of seconds (inf: no limit)");
-    }
-  }
+  id.timeout_s = env_seconds("TNT_TIMEOUT_S", id.timeout_s);
+  id.start_timeout_s = env_seconds("TNT_START_TIMEOUT_S", std::max(id.timeout_s, kMinStartTimeoutS));
   if (const char* a = env("TNT_ALLREDUCE")) id.allreduce = a;
   if (id.allreduce != "auto" && id.allreduce != "flat") {
     throw InvalidArgument("TNT_ALLREDUCE=" + id.allreduce +

@@ -156,11 +156,37 @@ try:
 except tc.Timeout as e:
     print("RDV", e)
 """
-    job = Job(3, code, tmp_path, env={"TNT_TIMEOUT_S": "3"})
+    # The start's own limit, not the collective timeout (300 s here), ends the wait.
+    job = Job(3, code, tmp_path, env={"TNT_START_TIMEOUT_S": "3", "TNT_TIMEOUT_S": "300"})
     job.procs[2].kill()  # rank 2 never arrives
     results = job.wait(40)
     assert "RDV" in results[0].stdout and "2" in results[0].stdout.split("did not arrive")[0], results[0]
+    assert "after 3 s" in results[0].stdout and "TNT_START_TIMEOUT_S" in results[0].stdout, results[0]
     assert not job.shm_leftovers()
+
+
+@pytest.mark.timeout(60)
+def test_short_collective_timeout_leaves_the_start_a_minute(tmp_path: Path) -> None:
+    """Ranks that start seconds apart (TensorFlow's import on a loaded host) still meet under a
+    collective timeout of 1 s; it then bounds the collectives as before."""
+    code = """
+import os, time, numpy as np, tnt_comm as tc
+if tc_rank := int(os.environ["TNT_RANK"]):
+    time.sleep(2.5)  # arrives 2.5 s after rank 0, which waits in the rendezvous
+ident = tc._identity()  # the identity the runtime started with
+print("start", ident["timeout_s"], ident["start_timeout_s"], tc.allreduce(np.ones(3, np.float32)).tolist())
+if tc_rank == 0:
+    try:
+        tc.barrier()  # rank 1 never joins: the collective timeout, 1 s, ends it
+    except tc.Timeout as e:
+        print("TIMEOUT", e)
+else:
+    time.sleep(4)
+"""
+    results = Job(2, code, tmp_path, env={"TNT_TIMEOUT_S": "1"}).wait(40)
+    for res in results:
+        assert res.stdout.startswith("start 1.0 60.0 [2.0, 2.0, 2.0]"), (res.rank, res.stdout, res.stderr[-2000:])
+    assert "TIMEOUT" in results[0].stdout and "made no progress: rank 1" in results[0].stdout, results[0]
 
 
 @pytest.mark.timeout(60)
@@ -175,7 +201,7 @@ try:
 except tc.TntError as e:
     print("REJECTED", e)
 """
-    results = Job(2, code, tmp_path, env={"TNT_TIMEOUT_S": "3"}).wait(40)
+    results = Job(2, code, tmp_path, env={"TNT_START_TIMEOUT_S": "3"}).wait(40)
     assert "REJECTED" in results[1].stdout and "TNT_JOB_TOKEN" in results[1].stdout, results[1]
 
 

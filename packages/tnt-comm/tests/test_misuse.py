@@ -86,13 +86,14 @@ print("ok")
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("variable", ["TNT_TIMEOUT_S", "TNT_START_TIMEOUT_S"])
 @pytest.mark.parametrize("value", ["nan", "0", "-1", "soon"])
-def test_bad_timeouts_are_refused(value: str, tmp_path: Path) -> None:
-    code = EXPECT + """
-expect(ValueError, tc.init, "TNT_TIMEOUT_S")
+def test_bad_timeouts_are_refused(variable: str, value: str, tmp_path: Path) -> None:
+    code = EXPECT + f"""
+expect(ValueError, tc.init, "{variable}={value} is not a positive number of seconds")
 print("refused")
 """
-    for res in Job(2, code, tmp_path, env={"TNT_TIMEOUT_S": value}).wait(40):
+    for res in Job(2, code, tmp_path, env={variable: value}).wait(40):
         assert res.stdout.strip() == "refused", res.stderr[-2000:]
 
 

@@ -57,11 +57,12 @@ def test_exports_keep_order_spaces_and_equals() -> None:
 def test_interpreter_transport_timeout_and_ssh_settings() -> None:
     config = parse_args(
         ["--python-interpreter", "valgrind --leak-check=yes python", "--transport", "tcp",
-         "--timeout", "30", "--ssh-port", "2222", "--", "t.py"],
+         "--timeout", "30", "--start-timeout", "90", "--ssh-port", "2222", "--", "t.py"],
         {"TNT_SSH_OPTS": "-i '/keys/my key' -l alice"},
     )
     assert config.python_interpreter == ("valgrind", "--leak-check=yes", "python")
     assert config.transport == "tcp" and config.timeout_s == 30.0 and config.ssh_port == 2222
+    assert config.start_timeout_s == 90.0
     assert config.ssh_options == ("-i", "/keys/my key", "-l", "alice")
     assert parse_args(["--python-interpreter", "", "--", "./a.out"], {}).python_interpreter == ()
 
@@ -74,6 +75,7 @@ def test_interpreter_transport_timeout_and_ssh_settings() -> None:
 )
 def test_huge_and_infinite_timeouts_mean_wait_forever(text: str, seconds: float) -> None:
     assert parse_args(["--timeout", text, "--", "t.py"], {}).timeout_s == seconds
+    assert parse_args(["--start-timeout", text, "--", "t.py"], {}).start_timeout_s == seconds
 
 
 @pytest.mark.parametrize(
@@ -94,6 +96,8 @@ def test_huge_and_infinite_timeouts_mean_wait_forever(text: str, seconds: float)
         (["--timeout=-inf", "--", "t.py"], "argument --timeout: expected a positive number"),
         (["--timeout", "1e-400", "--", "t.py"], "argument --timeout: expected a positive number"),
         (["--timeout", "forever", "--", "t.py"], "argument --timeout: expected a positive number"),
+        (["--start-timeout", "0", "--", "t.py"], "argument --start-timeout: expected a positive number"),
+        (["--start-timeout", "soon", "--", "t.py"], "argument --start-timeout: expected a positive number"),
         (["--transport", "mpi", "--", "t.py"], "argument --transport: invalid choice: 'mpi'"),
         (["--log-level", "loud", "--", "t.py"], "argument --log-level: invalid choice: 'LOUD'"),
         (["-x", "train.py", "--", "t.py"], "-x train.py: expected KEY=VALUE or KEY"),
@@ -133,7 +137,7 @@ def test_help_groups_and_version(launcher: Launcher) -> None:
     for option in ("-n N", "--hostfile FILE", "--n-per-node N, --devices-per-node N, --npernode N",
                    "--no-gpu", "--pin-to-socket", "--pin-memory-to-socket", "--log-level",
                    "--log-on-all-devices", "--output-on-all-devices", "--output-dir DIR",
-                   "--fusion-threshold KB", "--transport", "--timeout SECONDS", "-x KEY=VALUE",
+                   "--fusion-threshold KB", "--transport", "--timeout SECONDS", "--start-timeout SECONDS", "-x KEY=VALUE",
                    "--python-interpreter COMMAND", "--dry-run", "--cleanup", "--force",
                    "--ssh-port PORT", "TNT_SSH_OPTS"):
         assert option in text, option

@@ -66,7 +66,7 @@ def test_options_and_exports_reach_every_rank(launcher: Launcher, reports: Path)
                         TNT_TENSORBOARD_ON_ALL_DEVICES="true")
     done = launcher.run([
         "-n", "2", "--no-gpu", "--log-level", "info", "--log-on-all-devices",
-        "--fusion-threshold", "64", "--timeout", "2.5", "--transport", "tcp",
+        "--fusion-threshold", "64", "--timeout", "2.5", "--start-timeout", "40", "--transport", "tcp",
         "-x", "A=1", "SPACES=a  b", "EQUALS=x=y=z", f"AWKWARD={awkward}", "KEEP",
         "-x", "A=2", "TF_NUM_INTRAOP_THREADS=5", "--", RANK, str(reports),
     ])
@@ -76,7 +76,7 @@ def test_options_and_exports_reach_every_rank(launcher: Launcher, reports: Path)
         assert env["TNT_LOG_LEVEL"] == "INFO"
         assert env["TNT_LOG_ON_ALL_DEVICES"] == "true"
         assert env["TNT_FUSION_THRESHOLD_KB"] == "64"
-        assert env["TNT_TIMEOUT_S"] == "2.5"
+        assert env["TNT_TIMEOUT_S"] == "2.5" and env["TNT_START_TIMEOUT_S"] == "40"
         assert env["TNT_TRANSPORT"] == "tcp"
         assert env["TNT_TENSORBOARD_ON_ALL_DEVICES"] == "true"
         assert env["A"] == "2"

@@ -17,7 +17,13 @@ import pytest
 
 from tnt_launch import gpi2, jobs
 from tnt_launch.config import LaunchConfig, LaunchError
-from tnt_launch.display import describe_timeout, environment_lines, environment_rows, write_plan
+from tnt_launch.display import (
+    describe_start_timeout,
+    describe_timeout,
+    environment_lines,
+    environment_rows,
+    write_plan,
+)
 from tnt_launch.hosts import Host
 from tnt_launch.plan import HostFacts, JobIdentity, PlanError, build_plan, gpi2_sockets
 from tnt_launch.spawn import SshSettings, remote_command, request_line, ssh_argv
@@ -235,6 +241,33 @@ def test_dry_run_states_the_timeout() -> None:
     # Local ranks inherit a TNT_TIMEOUT_S of tnt-launch's environment.
     inherited = plan_for(cfg(nprocs=1, no_gpu=True), LOCAL, facts(), {"TNT_TIMEOUT_S": "45"})
     assert inherited.timeout == "45"
+
+
+def test_start_timeout_reaches_the_ranks_and_the_dry_run_states_it() -> None:
+    hosts = [Host("127.0.0.1", local=True), Host("127.0.0.2")]
+    plan = plan_for(cfg(n_per_node=1, no_gpu=True, timeout_s=2.0, start_timeout_s=90.0), hosts, facts())
+    assert [spec.env["TNT_START_TIMEOUT_S"] for spec in plan.ranks] == ["90", "90"]
+    assert [spec.env["TNT_TIMEOUT_S"] for spec in plan.ranks] == ["2", "2"]
+    assert plan.start_timeout == "90" and dict(environment_rows(plan))["TNT_START_TIMEOUT_S"] == "90"
+    assert describe_start_timeout(plan.start_timeout) == (
+        "Start timeout: 90 s for every rank to start and meet (TNT_START_TIMEOUT_S=90)."
+    )
+    forever = plan_for(cfg(nprocs=1, no_gpu=True, start_timeout_s=math.inf), LOCAL, facts())
+    assert forever.ranks[0].env["TNT_START_TIMEOUT_S"] == "inf"
+    assert describe_start_timeout(forever.start_timeout) == (
+        "Start timeout: none, ranks wait forever for each other (TNT_START_TIMEOUT_S=inf)."
+    )
+    unset = plan_for(cfg(nprocs=1, no_gpu=True), LOCAL, facts())
+    assert unset.start_timeout is None and "TNT_START_TIMEOUT_S" not in unset.ranks[0].env
+    assert describe_start_timeout(None).startswith("Start timeout: the library's default, the collective timeout")
+    inherited = plan_for(cfg(nprocs=1, no_gpu=True), LOCAL, facts(), {"TNT_START_TIMEOUT_S": "120"})
+    assert inherited.start_timeout == "120"
+    out = io.StringIO()
+    write_plan(plan, out)
+    lines = out.getvalue().splitlines()
+    assert lines[lines.index("Collective timeout: 2 s without progress (TNT_TIMEOUT_S=2).") + 1] == (
+        "Start timeout: 90 s for every rank to start and meet (TNT_START_TIMEOUT_S=90)."
+    )
 
 
 def test_user_thread_counts_are_kept() -> None:

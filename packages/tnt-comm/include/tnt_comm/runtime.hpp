@@ -30,7 +30,12 @@ struct Identity {
   std::string token;
   std::string transport = "auto";  // auto | shm | tcp
   std::string allreduce = "auto";  // auto | flat (TNT_ALLREDUCE): host-aware across hosts, or never
-  double timeout_s = 300.0;
+  double timeout_s = 300.0;  // TNT_TIMEOUT_S: how long a collective may go without progress
+  // TNT_START_TIMEOUT_S: how long the start (every rank arriving, connecting, GPI-2 starting) may
+  // take. Unset, the collective timeout but at least kMinStartTimeoutS: ranks start at the pace of
+  // their imports (TensorFlow, a shared file system), which a short collective timeout says nothing about.
+  double start_timeout_s = 300.0;
+  static constexpr double kMinStartTimeoutS = 60.0;
 
   // Reads TNT_* variables; without TNT_SIZE (or with TNT_SIZE=1) describes a single rank.
   static Identity from_environment();

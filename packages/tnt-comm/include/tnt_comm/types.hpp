@@ -49,7 +49,8 @@ class PeerFailure : public Error {
   int rank_;
 };
 
-// No progress was possible for TNT_TIMEOUT_S seconds (or a wait's own timeout ran out).
+// No progress was possible for TNT_TIMEOUT_S seconds (or a wait's own timeout ran out), or the
+// ranks did not all start within TNT_START_TIMEOUT_S.
 class Timeout : public Error {
  public:
   using Error::Error;

@@ -151,7 +151,14 @@ Fabric::Fabric(const Identity& identity)
     return;
   }
   if (::pipe2(wake_, O_CLOEXEC) != 0) throw Error("pipe failed");
-  rendezvous(identity);
+  try {
+    rendezvous(identity);
+  } catch (const Timeout& e) {
+    const std::string what = e.what();
+    if (what.find("TNT_START_TIMEOUT_S") != std::string::npos) throw;
+    throw Timeout(what + " (the start may take " + format_seconds(identity.start_timeout_s) +
+                  ": raise TNT_START_TIMEOUT_S, tnt-launch --start-timeout, if ranks start slowly)");
+  }
   receiver_ = std::thread([this] { receive_loop(); });
 }
 
@@ -162,7 +169,7 @@ Fabric::~Fabric() {
 }
 
 void Fabric::rendezvous(const Identity& id) {
-  Deadline deadline = deadline_after(id.timeout_s);
+  const Deadline deadline = deadline_after(id.start_timeout_s);
   std::unique_ptr<StoreServer> server;
   if (rank_ == 0) server = std::make_unique<StoreServer>(id.master_addr, id.master_port, id.token);
   StoreClient store(id.master_addr, id.master_port, id.token, deadline);
@@ -187,10 +194,11 @@ void Fabric::rendezvous(const Identity& id) {
       for (int q = 0; q < size_; ++q) {
         if (!store.try_get(prefix + "peer/" + std::to_string(q))) missing.push_back(q);
       }
-      throw Timeout("rendezvous timed out after " + std::to_string(static_cast<int>(id.timeout_s)) +
-                    " s: rank(s) " + join(missing) + " of " + std::to_string(size_) +
+      throw Timeout("rendezvous timed out after " + format_seconds(id.start_timeout_s) + ": rank(s) " +
+                    join(missing) + " of " + std::to_string(size_) +
                     " did not arrive (did they start, with the same TNT_MASTER_ADDR/PORT and "
-                    "TNT_JOB_ID? raise TNT_TIMEOUT_S if they start slowly)");
+                    "TNT_JOB_ID? raise TNT_START_TIMEOUT_S, tnt-launch --start-timeout, if they "
+                    "start slowly)");
     }
     std::istringstream in(info);
     auto i = static_cast<std::size_t>(r);
@@ -250,9 +258,8 @@ void Fabric::rendezvous(const Identity& id) {
   if (use_gpi2) {
     // Every rank starts GPI-2 (it meets all ranks of its machinefile), even one with no GPI-2
     // peer. Connections go from higher to lower ranks, as GPI-2's own static topology.
-    // GPI-2 takes seconds to start on a loaded host, so it (and the rest of the rendezvous, which
-    // waits on the slowest rank's start) gets at least 30 s whatever TNT_TIMEOUT_S.
-    deadline = std::max(deadline, deadline_after(30.0));
+    // GPI-2 takes seconds to start on a loaded host: the start timeout (at least a minute unless
+    // the user set TNT_START_TIMEOUT_S) covers it with the rest of the rendezvous.
     // GPI-2's ports: the job's TNT_GPI2_PORT_BASE (tnt-launch's or the user's), else a base rank 0
     // finds free on its host, the same for every rank.
     const char* fixed_base = std::getenv("TNT_GPI2_PORT_BASE");

@@ -157,6 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
                          help="give up on a collective operation that makes no progress for "
                               "SECONDS; 'inf' (or any value of 1e9 or more) waits forever "
                               "(default: the library's)")
+    runtime.add_argument("--start-timeout", dest="start_timeout_s", type=_timeout, metavar="SECONDS",
+                         help="give up when the ranks have not all started and met within SECONDS; "
+                              "'inf' waits forever (default: the library's, the collective timeout "
+                              "but at least 60 s)")
     runtime.add_argument("-x", dest="exports", action="extend", nargs="+", default=[],
                          metavar="KEY=VALUE",
                          help="export KEY=VALUE (or KEY with its current value) to every rank; "
@@ -283,6 +287,7 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
         output_dir=args.output_dir,
         fusion_threshold_kb=args.fusion_threshold_kb,
         timeout_s=args.timeout_s,
+        start_timeout_s=args.start_timeout_s,
         transport=args.transport,
         exports=exports,
         python_interpreter=interpreter,

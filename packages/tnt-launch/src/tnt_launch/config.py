@@ -56,6 +56,8 @@ class LaunchConfig:
     fusion_threshold_kb: int | None = None
     timeout_s: float | None = None
     """Seconds a collective may make no progress; math.inf: never time out; None: the library's."""
+    start_timeout_s: float | None = None
+    """Seconds the ranks may take to meet at start; math.inf: no limit; None: the library's."""
     transport: str = "auto"
     exports: tuple[tuple[str, str], ...] = ()
     python_interpreter: tuple[str, ...] = ()

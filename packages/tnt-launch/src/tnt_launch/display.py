@@ -116,6 +116,20 @@ def describe_timeout(value: str | None) -> str:
     return f"Collective timeout: {value} s without progress (TNT_TIMEOUT_S={value})."
 
 
+def describe_start_timeout(value: str | None) -> str:
+    """One line on how long the ranks may take to start and meet."""
+    if value is None:
+        return ("Start timeout: the library's default, the collective timeout but at least 60 s "
+                "(TNT_START_TIMEOUT_S is not set).")
+    try:
+        seconds = float(value)
+    except ValueError:
+        return f"Start timeout: TNT_START_TIMEOUT_S={value}."
+    if seconds == float("inf"):
+        return "Start timeout: none, ranks wait forever for each other (TNT_START_TIMEOUT_S=inf)."
+    return f"Start timeout: {value} s for every rank to start and meet (TNT_START_TIMEOUT_S={value})."
+
+
 def _title(plan: Plan) -> str:
     return (
         f"Plan of job {plan.job_id}: {plan.size} rank(s) on {len(plan.hosts)} host(s); "
@@ -137,7 +151,7 @@ def write_plan(plan: Plan, out: TextIO, assumed: Sequence[str] = ()) -> None:
     """The plan as plain lines, for a file or a pipe: nothing wrapped, nothing drawn."""
     lines = [_title(plan), *(rank_line(spec) for spec in plan.ranks)]
     lines += ["Environment exported to the ranks:", *environment_lines(plan)]
-    lines.append(describe_timeout(plan.timeout))
+    lines += [describe_timeout(plan.timeout), describe_start_timeout(plan.start_timeout)]
     if plan.gpi2 is not None:
         lines.append(one_line(plan.gpi2))
     if assumed:
@@ -174,6 +188,7 @@ def render_plan(plan: Plan, console: Console, assumed: Sequence[str] = ()) -> No
         env.add_row(Text(name), Text(value))
     console.print(env)
     console.print(Text(describe_timeout(plan.timeout)))
+    console.print(Text(describe_start_timeout(plan.start_timeout)))
     if plan.gpi2 is not None:
         console.print(Text(one_line(plan.gpi2)))
     if assumed:

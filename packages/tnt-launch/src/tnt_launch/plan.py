@@ -117,6 +117,8 @@ class Plan:
     warnings: tuple[str, ...]
     timeout: str | None = None
     """TNT_TIMEOUT_S as the ranks see it ("inf": no timeout); None: unset, the library's default."""
+    start_timeout: str | None = None
+    """TNT_START_TIMEOUT_S as the ranks see it; None: unset, the library's default."""
     notes: tuple[str, ...] = ()
     """Facts worth an INFO line but not a warning (all ranks on CPUs where no host has a GPU)."""
     gpi2_machinefile: str | None = None
@@ -138,8 +140,9 @@ def _flag(value: bool) -> str:
 
 
 def timeout_value(seconds: float) -> str:
-    """TNT_TIMEOUT_S for a --timeout of `seconds`: `inf` (no timeout) for infinite or huge values,
-    else the number, written so that it reads back exactly (30, 2.5, 0.001)."""
+    """TNT_TIMEOUT_S (TNT_START_TIMEOUT_S) for a --timeout (--start-timeout) of `seconds`: `inf`
+    (no timeout) for infinite or huge values, else the number, written so that it reads back
+    exactly (30, 2.5, 0.001)."""
     if math.isnan(seconds) or seconds <= 0:
         raise PlanError(f"invalid timeout {seconds!r}: expected a positive number of seconds")
     if seconds >= FOREVER_S:
@@ -398,6 +401,8 @@ def build_plan(
                 env["TNT_FUSION_THRESHOLD_KB"] = str(config.fusion_threshold_kb)
             if config.timeout_s is not None:
                 env["TNT_TIMEOUT_S"] = timeout_value(config.timeout_s)
+            if config.start_timeout_s is not None:
+                env["TNT_START_TIMEOUT_S"] = timeout_value(config.start_timeout_s)
             env["TNT_LOG_LEVEL"] = config.log_level
             env["TNT_LOG_ON_ALL_DEVICES"] = _flag(config.log_on_all_devices)
             env["TNT_OUTPUT_ON_ALL_DEVICES"] = _flag(config.output_on_all_devices)
@@ -447,6 +452,7 @@ def build_plan(
         warnings=tuple(warnings),
         notes=tuple(notes),
         timeout=ranks[0].env.get("TNT_TIMEOUT_S", environ.get("TNT_TIMEOUT_S")) if ranks else None,
+        start_timeout=ranks[0].env.get("TNT_START_TIMEOUT_S", environ.get("TNT_START_TIMEOUT_S")) if ranks else None,
         gpi2_machinefile=machinefile or None,
         gpi2_machines=tuple(machines),
         gpi2_port_base=port_base,
