@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import pickle
@@ -14,11 +13,6 @@ from typing import Any
 import keras
 import numpy as np
 import tensorflow as tf
-
-# The imports are done: keep their objects out of every later collection and collect again
-# (see _quick_start.py, which every job script imports first).
-gc.freeze()
-gc.enable()
 
 FEATURES, CLASSES = 6, 3
 

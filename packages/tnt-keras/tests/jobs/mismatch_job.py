@@ -4,7 +4,6 @@ or rank 1 leaving in the middle of fit (exit code 0, without finalizing).
 Every rank reports the error it got; none may hang.
 """
 
-import _quick_start  # noqa: F401, I001  (first: the collector waits out the imports)
 import os
 import sys
 
