@@ -56,6 +56,8 @@ _TIMED_OUT = re.compile(r"\btimed out\b")
 # FATAL_GRACE_S after such a line even while the rank still runs.
 _FATAL = re.compile(r"^tnt_comm(\._core)?\.(Timeout|PeerFailure|CollectiveMismatch): ")
 FATAL_GRACE_S = 1.0
+_PEER_FAILED = re.compile(r"^tnt_comm(\._core)?\.PeerFailure: rank (\d+) failed")
+"""The last line of a rank that failed because another rank died first."""
 STOPPED_REASON = "process stopped, e.g. by SIGSTOP or a debugger"
 
 
@@ -706,9 +708,22 @@ class Supervisor:
         )
         return f"{self._where(run)} made no progress: stopped process(es) {processes}"
 
+    def _culprit(self, failure: _RankRun) -> _RankRun:
+        """The rank whose death `failure`'s PeerFailure names, where that rank failed on its own,
+        else `failure`: the exits of ranks on different hosts reach tnt-launch in any order, and a
+        survivor that saw the dead rank's connection close may be heard of first."""
+        named = next((m for line in reversed(failure.tail) if (m := _PEER_FAILED.match(line))), None)
+        if named is None:
+            return failure
+        dead = next((r for r in self.runs if r.spec.rank == int(named.group(2))), None)
+        if dead is None or dead is failure or not dead.failed_on_its_own or dead.status is None:
+            return failure
+        return dead
+
     def _summary(self) -> int:
         failure = self.first_failure
         if failure is not None:
+            failure = self._culprit(failure)
             assert failure.status is not None
             code = failure.status.exit_code
             if failure.fatal_at is not None and failure.status.signal is not None:
