@@ -103,31 +103,30 @@ def rank_line(spec: RankSpec) -> str:
     )
 
 
-def describe_timeout(value: str | None) -> str:
-    """One line on how long a collective may make no progress before it fails."""
+def _describe_seconds(value: str | None, title: str, variable: str, default: str, forever: str, limit: str) -> str:
+    """One line on a limit in seconds as the ranks see it in `variable`: unset, `inf` or a number."""
     if value is None:
-        return "Collective timeout: the library's default (TNT_TIMEOUT_S is not set)."
+        return f"{title}: the library's default{default} ({variable} is not set)."
     try:
         seconds = float(value)
     except ValueError:
-        return f"Collective timeout: TNT_TIMEOUT_S={value}."
+        return f"{title}: {variable}={value}."
     if seconds == float("inf"):
-        return "Collective timeout: none, collectives wait forever (TNT_TIMEOUT_S=inf)."
-    return f"Collective timeout: {value} s without progress (TNT_TIMEOUT_S={value})."
+        return f"{title}: none, {forever} ({variable}=inf)."
+    return f"{title}: {value} s {limit} ({variable}={value})."
+
+
+def describe_timeout(value: str | None) -> str:
+    """One line on how long a collective may make no progress before it fails."""
+    return _describe_seconds(value, "Collective timeout", "TNT_TIMEOUT_S", "", "collectives wait forever",
+                             "without progress")
 
 
 def describe_start_timeout(value: str | None) -> str:
     """One line on how long the ranks may take to start and meet."""
-    if value is None:
-        return ("Start timeout: the library's default, the collective timeout but at least 60 s "
-                "(TNT_START_TIMEOUT_S is not set).")
-    try:
-        seconds = float(value)
-    except ValueError:
-        return f"Start timeout: TNT_START_TIMEOUT_S={value}."
-    if seconds == float("inf"):
-        return "Start timeout: none, ranks wait forever for each other (TNT_START_TIMEOUT_S=inf)."
-    return f"Start timeout: {value} s for every rank to start and meet (TNT_START_TIMEOUT_S={value})."
+    return _describe_seconds(value, "Start timeout", "TNT_START_TIMEOUT_S",
+                             ", the collective timeout but at least 60 s", "ranks wait forever for each other",
+                             "for every rank to start and meet")
 
 
 def _title(plan: Plan) -> str:
