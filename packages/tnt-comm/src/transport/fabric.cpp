@@ -154,9 +154,8 @@ Fabric::Fabric(const Identity& identity)
   try {
     rendezvous(identity);
   } catch (const Timeout& e) {
-    const std::string what = e.what();
-    if (what.find("TNT_START_TIMEOUT_S") != std::string::npos) throw;
-    throw Timeout(what + " (the start may take " + format_seconds(identity.start_timeout_s) +
+    // Every timeout of the start says which limit it ran into, and how to raise it.
+    throw Timeout(std::string(e.what()) + " (the start may take " + format_seconds(identity.start_timeout_s) +
                   ": raise TNT_START_TIMEOUT_S, tnt-launch --start-timeout, if ranks start slowly)");
   }
   receiver_ = std::thread([this] { receive_loop(); });
@@ -197,8 +196,7 @@ void Fabric::rendezvous(const Identity& id) {
       throw Timeout("rendezvous timed out after " + format_seconds(id.start_timeout_s) + ": rank(s) " +
                     join(missing) + " of " + std::to_string(size_) +
                     " did not arrive (did they start, with the same TNT_MASTER_ADDR/PORT and "
-                    "TNT_JOB_ID? raise TNT_START_TIMEOUT_S, tnt-launch --start-timeout, if they "
-                    "start slowly)");
+                    "TNT_JOB_ID?)");
     }
     std::istringstream in(info);
     auto i = static_cast<std::size_t>(r);

@@ -311,8 +311,7 @@ Gpi2Wire::Gpi2Wire(int rank, int size, int local_size, const std::vector<std::st
   }
   if (init == GASPI_TIMEOUT) {
     throw Timeout("gpi2: GPI-2 did not start: not every rank joined within the timeout (is the "
-                  "port range of TNT_GPI2_PORT_BASE free on every host? raise TNT_START_TIMEOUT_S "
-                  "if ranks start slowly)");
+                  "port range of TNT_GPI2_PORT_BASE free on every host?)");
   }
   if ((init == GASPI_ERR_DEVICE || init == GASPI_ERR_SN) && descriptor_hint().empty()) {
     throw Error("gpi2: GPI-2 could not open its ports (another job or connection holds them): give "
