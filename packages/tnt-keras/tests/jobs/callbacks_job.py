@@ -1,5 +1,6 @@
 """Every Keras callback under tnt against the same callbacks in serial Keras."""
 
+import _quick_start  # noqa: F401, I001  (first: the collector waits out the imports)
 import contextlib
 import http.server
 import io

@@ -1,5 +1,6 @@
 """Rank 1 dies by SIGKILL in the middle of fit; the others must not hang."""
 
+import _quick_start  # noqa: F401, I001  (first: the collector waits out the imports)
 import os
 import signal
 

@@ -1,5 +1,6 @@
 """Dataset options and every clear error, on real ranks."""
 
+import _quick_start  # noqa: F401, I001  (first: the collector waits out the imports)
 import functools
 import io
 import logging

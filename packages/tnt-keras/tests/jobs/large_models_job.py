@@ -6,6 +6,7 @@ models' at the same time), then every rank trains the same initial weights under
 the largest differences from its reference.
 """
 
+import _quick_start  # noqa: F401, I001  (first: the collector waits out the imports)
 import hashlib
 import sys
 from pathlib import Path

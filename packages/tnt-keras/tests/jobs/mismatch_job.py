@@ -4,8 +4,11 @@ or rank 1 leaving in the middle of fit (exit code 0, without finalizing).
 Every rank reports the error it got; none may hang.
 """
 
+import _quick_start  # noqa: F401, I001  (first: the collector waits out the imports)
 import os
 import sys
+import time
+from pathlib import Path
 
 import keras
 import tnt_keras as tnt
@@ -45,4 +48,11 @@ try:
 except Exception as e:  # noqa: BLE001 - the test reads what each rank got
     error = f"{type(e).__module__}.{type(e).__name__}: {e} (cause: {type(e.__cause__).__name__})"
 report({"rank": tnt.get_rank(), "error": error})
+# A rank that raised waits (a while) for the others' reports before it exits: tnt-launch stops the
+# job at the first failed exit, and the test reads every rank's error, not the exit order's winner.
+# A rank that hangs instead of raising still fails the test: it reports nothing.
+deadline = time.monotonic() + 40
+reports = [Path(os.environ["TNT_TEST_OUT"], f"rank{r}.json") for r in range(tnt.get_size())]
+while error and not all(p.exists() for p in reports) and time.monotonic() < deadline:
+    time.sleep(0.05)
 sys.exit(1 if error else 0)

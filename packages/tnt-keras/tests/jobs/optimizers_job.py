@@ -1,6 +1,7 @@
 """Custom train_steps beyond one optimizer: two optimizers held as attributes (as GANs do), and a
 step that changes a variable without the gradient sum, which tnt must report."""
 
+import _quick_start  # noqa: F401, I001  (first: the collector waits out the imports)
 from typing import Any
 
 import keras

@@ -2,6 +2,7 @@
 
 Also loads the .keras files of an earlier tnt (tests/data), which name the wrapper, tnt>Model."""
 
+import _quick_start  # noqa: F401, I001  (first: the collector waits out the imports)
 import os
 import sys
 from pathlib import Path

@@ -2,6 +2,7 @@
 
 Usage: plain_keras_load.py OUT_JSON FILE... ; prints nothing, writes what it loaded to OUT_JSON."""
 
+import _quick_start  # noqa: F401, I001  (first: the collector waits out the imports)
 import sys
 
 # No tnt here: any import of tnt_keras or tnt_comm fails, as in a process without them installed.

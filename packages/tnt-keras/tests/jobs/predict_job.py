@@ -1,5 +1,6 @@
 """tnt.Model.predict on real ranks: rank 0's weights, every output structure, every dataset form."""
 
+import _quick_start  # noqa: F401, I001  (first: the collector waits out the imports)
 from typing import Any
 
 import keras

@@ -1,6 +1,7 @@
 """A ProgbarLogger passed to fit takes the place of Keras' default one, as in plain Keras; a History
 passed to fit is the one fit returns."""
 
+import _quick_start  # noqa: F401, I001  (first: the collector waits out the imports)
 import keras
 import tnt_keras as tnt
 from _job import build, compile_args, dataset, report

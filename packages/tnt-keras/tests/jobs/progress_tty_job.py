@@ -1,5 +1,6 @@
 """fit and evaluate with verbose left at "auto", for the tests of progress in a terminal and in a pipe."""
 
+import _quick_start  # noqa: F401, I001  (first: the collector waits out the imports)
 import os
 
 import tnt_keras as tnt

@@ -6,6 +6,7 @@ Argument ``two``: every saving path on 2 ranks, rank 0 failing. ``three``: 3 ran
 its own file, ranks 0 and 2 failing.
 """
 
+import _quick_start  # noqa: F401, I001  (first: the collector waits out the imports)
 import os
 import sys
 from collections.abc import Callable

@@ -1,5 +1,6 @@
 """File names, sharded weights and overwrite=False: every rank gets the same outcome."""
 
+import _quick_start  # noqa: F401, I001  (first: the collector waits out the imports)
 import os
 from collections.abc import Callable
 from pathlib import Path

@@ -1,5 +1,6 @@
 """Save/load round trips continue training exactly like the model that was saved."""
 
+import _quick_start  # noqa: F401, I001  (first: the collector waits out the imports)
 import os
 from pathlib import Path
 

@@ -1,5 +1,6 @@
 """TensorBoard with TNT_TENSORBOARD_ON_ALL_DEVICES: every rank writes under rank_<r>."""
 
+import _quick_start  # noqa: F401, I001  (first: the collector waits out the imports)
 import os
 from pathlib import Path
 

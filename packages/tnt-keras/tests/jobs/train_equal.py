@@ -1,5 +1,6 @@
 """Trains every kind of model against plain Keras on the same globally batched data."""
 
+import _quick_start  # noqa: F401, I001  (first: the collector waits out the imports)
 import keras
 import numpy as np
 import tensorflow as tf

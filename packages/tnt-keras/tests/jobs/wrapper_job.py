@@ -1,6 +1,7 @@
 """tnt.Model shows the wrapped model through: every public name of keras.Model is the wrapped
 model's, or one of the few that tnt intercepts (tnt_keras.model.INTERCEPTED)."""
 
+import _quick_start  # noqa: F401, I001  (first: the collector waits out the imports)
 import inspect
 import json
 from typing import Any
