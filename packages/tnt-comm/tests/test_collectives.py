@@ -8,7 +8,7 @@ import pytest
 from ranks import BETWEEN_HOSTS, ONE_HOST, run
 
 CHECK_ALL = """
-import hashlib, numpy as np, tnt_comm as tc
+import functools, hashlib, numpy as np, tnt_comm as tc
 r, n = tc.rank(), tc.size()
 DTYPES = ["float16", "float32", "float64", "int32", "int64", "uint8"]
 try:
@@ -18,17 +18,23 @@ except ImportError:
     pass
 SIZES = [0, 1, 7, 1000, 70_001, 300_001]  # 300_001 float64 spans several 256 KiB chunks
 
-def data(rank, count, dtype):
-    rng = np.random.default_rng(1000 * rank + count)
-    return rng.integers(1, 4, size=count).astype(dtype)   # small ints: exact in every dtype
+# Every dtype holds the same small integers (exact in each): the data are drawn, and the references
+# computed in float64, once per count of elements, and only cast per dtype.
+@functools.cache
+def ints(rank, count):
+    return np.random.default_rng(1000 * rank + count).integers(1, 4, size=count).astype(np.float64)
 
-def expect(op, xs):
+def data(rank, count, dtype):
+    return ints(rank, count).astype(dtype)
+
+@functools.cache
+def expect(op, count):  # of data(q, count, ...) on ranks q = 0..n-1
+    xs = [ints(q, count) for q in range(n)]
     if op in ("sum", "avg"):
-        acc = sum(x.astype(np.float64) for x in xs)
-        return acc / len(xs) if op == "avg" else acc
+        return sum(xs) / n if op == "avg" else sum(xs)
     if op == "prod":
-        return np.prod([x.astype(np.float64) for x in xs], axis=0)
-    return (np.minimum if op == "min" else np.maximum).reduce([x.astype(np.float64) for x in xs])
+        return np.prod(xs, axis=0)
+    return functools.reduce(np.minimum if op == "min" else np.maximum, xs)
 
 digest = hashlib.sha256()
 for dtype in DTYPES:
@@ -38,7 +44,7 @@ for dtype in DTYPES:
             if op == "prod" and count > 1000:
                 continue
             y = tc.allreduce(xs[r], op=op)
-            e = expect(op, xs)
+            e = expect(op, count)
             if np.dtype(dtype).kind in "iu" and op == "avg":
                 e = np.floor(e)
             if np.dtype(dtype).kind == "u":
@@ -47,12 +53,12 @@ for dtype in DTYPES:
             tol = {1: 0, 2: 1e-2, 4: 1e-6, 8: 1e-12}[np.dtype(dtype).itemsize] if op == "avg" else 0
             if op == "prod" and n > 4 and np.dtype(dtype).itemsize == 2 and np.dtype(dtype).kind != "i":
                 tol = 2e-2  # 3**5 and up: beyond the integers float16/bfloat16 hold exactly, products round
-            assert np.allclose(y.astype(np.float64), e.astype(np.float64), rtol=tol, atol=tol), (dtype, count, op)
+            assert np.allclose(y.astype(np.float64), e, rtol=tol, atol=tol), (dtype, count, op)
             digest.update(y.tobytes())
         # in place
         x = xs[r].copy()
         tc.allreduce(x, out=x)
-        want = expect("sum", xs).astype(np.dtype(dtype)).astype(np.float64)
+        want = expect("sum", count).astype(np.dtype(dtype)).astype(np.float64)
         assert np.array_equal(x.astype(np.float64), want), (dtype, count)
         # broadcast from every root
         for root in range(n):
@@ -62,10 +68,10 @@ for dtype in DTYPES:
         # allgather, reduce_scatter
         g = tc.allgather(xs[r])
         assert g.shape == (n, count) and all(np.array_equal(g[q], xs[q]) for q in range(n))
-        blk = [data(q, n * max(count // 7, 1), dtype) for q in range(n)]
-        rs = tc.reduce_scatter(blk[r])
-        k = len(blk[r]) // n
-        full = expect("sum", blk).astype(np.dtype(dtype))
+        blk = data(r, n * max(count // 7, 1), dtype)
+        rs = tc.reduce_scatter(blk)
+        k = len(blk) // n
+        full = expect("sum", len(blk)).astype(np.dtype(dtype))
         assert np.array_equal(rs, full[r * k:(r + 1) * k]), (dtype, count)
     tc.barrier()
 
