@@ -36,8 +36,7 @@ nox.options.sessions = [
     "lint",
     "comm",
     "comm_cpp",  # before comm_static, which links the build directory's library another way
-    "comm_static",
-    "comm_gpi2",
+    "comm_static",  # over GPI-2 too, where GPI2_ROOT names it
     "comm_asan",
     "comm_tsan",
     "launch",
@@ -137,7 +136,10 @@ class SharedEnv:
 
     def _env(self, env: dict[str, str] | None) -> dict[str, str]:
         path = str(self.bin) + os.pathsep + os.environ.get("PATH", "")
-        return {"VIRTUAL_ENV": str(self.path), "PATH": path, **compiler_cache(), **(env or {})}
+        # numpy's OpenBLAS starts a thread per core at import, 0.05-0.1 s of CPU in each of the
+        # hundreds of ranks the tests start, none of which hands numpy a matrix product worth them.
+        blas = {} if "OPENBLAS_NUM_THREADS" in os.environ else {"OPENBLAS_NUM_THREADS": "1"}
+        return {"VIRTUAL_ENV": str(self.path), "PATH": path, **blas, **compiler_cache(), **(env or {})}
 
 
 def compiler_cache() -> dict[str, str]:
@@ -167,7 +169,7 @@ def comm_build(linker_flags: str = os.environ.get("LDFLAGS", "")) -> list[str]:
     sessions. No build isolation: the directory stays valid from one run to the next and only
     changed files recompile. The C++ unit tests are built there too (not installed): comm_cpp runs
     them. Where GPI2_ROOT names GPI-2, the gpi2 transport is required, not just taken where found:
-    comm_gpi2 tests it. ``linker_flags`` link the library and the Python module: comm_static links
+    comm_static tests it. ``linker_flags`` link the library and the Python module: comm_static links
     the same objects again with -static-libstdc++ (the next default build links them back)."""
     options = ["--no-build-isolation", "--no-deps", "-C", f"build-dir={COMM_BUILD.relative_to(COMM)}"]
     defines = {
@@ -219,7 +221,9 @@ def comm(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def comm_static(session: nox.Session) -> None:
-    """tnt-comm linked as HPC compiler modules link it (libstdc++ static): every Python test, exports."""
+    """tnt-comm as a cluster builds it: libstdc++ linked statically, as HPC compiler modules link it,
+    with the library's exports checked, and every Python test over GPI-2 between every pair of ranks
+    where GPI2_ROOT names a GPI-2 installation (over shm and TCP, saying so, where it does not)."""
     env = SharedEnv(session, "comm", "test")
     # Installed into a folder of its own that goes first on PYTHONPATH, so that the environment's
     # regular tnt-comm stays as the other sessions need it. The shared environment's build is only
@@ -229,18 +233,31 @@ def comm_static(session: nox.Session) -> None:
     static = {"PYTHONPATH": str(target)}
     # The build must really carry its own C++ runtime, or this session proves nothing.
     env.run("python", str(COMM / "tests" / "static_runtime_check.py"), env=static)
+    # One pass proves both the static runtime and the gpi2 transport, which do not depend on each
+    # other: the comm session runs the same tests over the shared (dynamically linked) build over shm
+    # and TCP, and the Keras and integration sessions run that build over GPI-2 as well. A third
+    # pass, every test over the shared build and GPI-2, is `nox -s comm_gpi2`.
+    if gpi2_root():
+        env.run("python", "-c", GPI2_BUILT, env=static)
+        static["TNT_TEST_TRANSPORT"] = "gpi2"
+    else:
+        session.log("GPI2_ROOT does not name a GPI-2 installation (include/GASPI.h): the tests run over shm and TCP")
     env.run("pytest", str(COMM / "tests"), "-q", "-rs", *concurrently(per_core=2), *session.posargs, env=static)
 
 
-@nox.session(venv_backend="none")
+GPI2_BUILT = "import tnt_comm; assert 'gpi2' in tnt_comm.build_info()['transports']"
+
+
+@nox.session(venv_backend="none", default=False)
 def comm_gpi2(session: nox.Session) -> None:
-    """Every tnt-comm test again over GPI-2 between every pair of ranks: needs GPI2_ROOT naming an
-    installed GPI-2, and skips saying so without it."""
+    """Every tnt-comm test over GPI-2 with the shared environment's build (the default sessions run
+    them over GPI-2 with the static build, in comm_static): needs GPI2_ROOT naming an installed
+    GPI-2, and skips saying so without it."""
     if not gpi2_root():
         session.skip("GPI2_ROOT does not name a GPI-2 installation (include/GASPI.h): nothing to test over gpi2")
     # The shared environment's tnt-comm, built with the gpi2 transport since GPI2_ROOT is set.
     env = SharedEnv(session, "comm", "test")
-    env.run("python", "-c", "import tnt_comm; assert 'gpi2' in tnt_comm.build_info()['transports']")
+    env.run("python", "-c", GPI2_BUILT)
     gpi2 = {"TNT_TEST_TRANSPORT": "gpi2"}
     env.run("pytest", str(COMM / "tests"), "-q", "-rs", *concurrently(per_core=2), *session.posargs, env=gpi2)
 
