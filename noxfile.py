@@ -56,6 +56,7 @@ class SharedEnv:
 
     path = ROOT / ".nox" / "tnt"
     installed: set[str] = set()  # parts done in this nox run
+    prefetch: subprocess.Popen[str] | None = None  # see prefetch_keras_requirements
 
     def __init__(self, session: nox.Session, *parts: str) -> None:
         self.session = session
@@ -64,6 +65,27 @@ class SharedEnv:
             session.run(sys.executable, "-m", "virtualenv", "-q", str(self.path), external=True)
         for part in parts:
             self.need(part)
+        if "comm" in SharedEnv.installed and "keras" not in SharedEnv.installed:
+            self.prefetch_keras_requirements()
+
+    def prefetch_keras_requirements(self) -> None:
+        """Starts installing tnt-keras' requirements (TensorFlow and the rest, ~20 s of pip on one
+        core) in the background, where a later session of this run needs them: the tests running
+        meanwhile keep the other core busy. Every later pip waits for it (one pip at a time)."""
+        if SharedEnv.prefetch is not None or not runs_later(self.session, "keras", "integration"):
+            return
+        requirements = keras_requirements()
+        if requirements:
+            SharedEnv.prefetch = self.start("python", "-m", "pip", "install", "-q", "--no-compile", *requirements)
+
+    def finish_prefetch(self) -> None:
+        if SharedEnv.prefetch is None:
+            return
+        proc, SharedEnv.prefetch = SharedEnv.prefetch, None
+        output, _ = proc.communicate()
+        print(output, end="", flush=True)
+        if proc.returncode != 0:  # the session's own install then says what is wrong
+            self.session.log(f"installing tnt-keras' requirements ahead failed (exit code {proc.returncode})")
 
     def need(self, part: str) -> None:
         if part in SharedEnv.installed:
@@ -112,6 +134,7 @@ class SharedEnv:
         SharedEnv.installed.add(part)
 
     def pip(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.finish_prefetch()
         self.run("python", "-m", "pip", "install", "-q", *args, env=env)
 
     def run(self, program: str, *args: str, env: dict[str, str] | None = None) -> None:
@@ -152,6 +175,28 @@ def compiler_cache() -> dict[str, str]:
         return {}
     # Without the build folder in the keys (-g1 objects name it): objects are equal in any clone.
     return {"CMAKE_CXX_COMPILER_LAUNCHER": "ccache", "CCACHE_BASEDIR": str(ROOT), "CCACHE_NOHASHDIR": "1"}
+
+
+def runs_later(session: nox.Session, *names: str) -> bool:
+    """Whether one of the sessions ``names`` is still to run in this nox run. nox has no public API
+    for it: False where its internals differ, which only forgoes the prefetch."""
+    try:
+        return any(queued and s.name in names for s, queued in session._runner.manifest.list_all_sessions())
+    except AttributeError:
+        return False
+
+
+def keras_requirements() -> list[str]:
+    """tnt-keras' third-party requirements for the shared environment (its [cpu,test] extras, and
+    hatchling, which builds it without isolation), as its pyproject.toml names them."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: no prefetch
+        return []
+    project = tomllib.loads((KERAS / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    wanted = [*project["dependencies"], *extras["cpu"], *extras["test"], "hatchling"]
+    return [r for r in wanted if not r.startswith("tnt-")]
 
 
 def op_compiler_cache() -> dict[str, str]:
