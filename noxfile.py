@@ -57,6 +57,7 @@ class SharedEnv:
     path = ROOT / ".nox" / "tnt"
     installed: set[str] = set()  # parts done in this nox run
     prefetch: subprocess.Popen[str] | None = None  # see prefetch_keras_requirements
+    prefetched = False  # once per nox run
 
     def __init__(self, session: nox.Session, *parts: str) -> None:
         self.session = session
@@ -72,8 +73,9 @@ class SharedEnv:
         """Starts installing tnt-keras' requirements (TensorFlow and the rest, ~20 s of pip on one
         core) in the background, where a later session of this run needs them: the tests running
         meanwhile keep the other core busy. Every later pip waits for it (one pip at a time)."""
-        if SharedEnv.prefetch is not None or not runs_later(self.session, "keras", "integration"):
+        if SharedEnv.prefetched or not runs_later(self.session, "keras", "integration"):
             return
+        SharedEnv.prefetched = True
         requirements = keras_requirements()
         if requirements:
             SharedEnv.prefetch = self.start("python", "-m", "pip", "install", "-q", "--no-compile", *requirements)

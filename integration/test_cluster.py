@@ -177,6 +177,18 @@ assert diff < 1e-6, diff
 """
 
 
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("hosts", [2, 3])
+def test_keras_training_equals_serial_across_hosts(
+    cluster: Cluster, hosts: int, transport: str, tmp_path: Path
+) -> None:
+    """2 and 3 hosts x 2 ranks train a global batch of 24 as one process does."""
+    done = run_job(cluster, hosts, transport, tmp_path, TRAIN, timeout_s=120, wait_s=380)
+    assert done.returncode == 0, done.stdout + done.stderr[-4000:]
+    assert len(re.findall(r"RESULT rank \d diff", done.stdout)) == hosts * PER_HOST, done.stdout
+
+
 LOOP = r"""
 import os, signal, sys, time, numpy as np, tnt_comm as tc
 
@@ -327,18 +339,3 @@ def test_cleanup_reaches_every_host(cluster: Cluster, tmp_path: Path) -> None:
         proc.communicate(timeout=30)
         assert_gone(cluster, str(script), shm_before, within=10)
         assert not any(registry(cluster, i) for i in range(HOSTS)), [registry(cluster, i) for i in range(HOSTS)]
-
-
-# Last in the file: the tests above mostly wait (links, timeouts), while the other file's tests,
-# beside them on the second worker, keep both cores busy; these jobs of 4-6 TensorFlow ranks keep
-# both busy by themselves once that file is done.
-@pytest.mark.timeout(400)
-@pytest.mark.parametrize("transport", TRANSPORTS)
-@pytest.mark.parametrize("hosts", [2, 3])
-def test_keras_training_equals_serial_across_hosts(
-    cluster: Cluster, hosts: int, transport: str, tmp_path: Path
-) -> None:
-    """2 and 3 hosts x 2 ranks train a global batch of 24 as one process does."""
-    done = run_job(cluster, hosts, transport, tmp_path, TRAIN, timeout_s=120, wait_s=380)
-    assert done.returncode == 0, done.stdout + done.stderr[-4000:]
-    assert len(re.findall(r"RESULT rank \d diff", done.stdout)) == hosts * PER_HOST, done.stdout
