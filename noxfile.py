@@ -58,6 +58,7 @@ class SharedEnv:
     installed: set[str] = set()  # parts done in this nox run
     prefetch: subprocess.Popen[str] | None = None  # see prefetch_keras_requirements
     prefetched = False  # once per nox run
+    prefetch_ok = False  # it installed every requirement
 
     def __init__(self, session: nox.Session, *parts: str) -> None:
         self.session = session
@@ -86,6 +87,7 @@ class SharedEnv:
         proc, SharedEnv.prefetch = SharedEnv.prefetch, None
         output, _ = proc.communicate()
         print(output, end="", flush=True)
+        SharedEnv.prefetch_ok = proc.returncode == 0
         if proc.returncode != 0:  # the session's own install then says what is wrong
             self.session.log(f"installing tnt-keras' requirements ahead failed (exit code {proc.returncode})")
 
@@ -107,8 +109,11 @@ class SharedEnv:
             self.need("comm")
             self.need("launch")
             # --no-compile: no bytecode for the thousands of TensorFlow modules never imported; the
-            # ones that are get theirs from write_bytecode.py below.
-            self.pip("--no-compile", f"{KERAS}[cpu,test]", "hatchling")
+            # ones that are get theirs from write_bytecode.py below. Not needed where the prefetch
+            # installed every requirement: tnt-keras itself is installed below.
+            self.finish_prefetch()
+            if not SharedEnv.prefetch_ok:
+                self.pip("--no-compile", f"{KERAS}[cpu,test]", "hatchling")
             # Bytecode for the modules the ranks import (see the script): with PYTHONDONTWRITEBYTECODE
             # set, each rank would otherwise compile TensorFlow's Python anew, 5 s of CPU per rank.
             # PYTHONPATH as the jobs have it: the source tree's tnt_keras gets its bytecode too, and
