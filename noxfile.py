@@ -85,11 +85,8 @@ class SharedEnv:
         if SharedEnv.prefetch is None:
             return
         proc, SharedEnv.prefetch = SharedEnv.prefetch, None
-        output, _ = proc.communicate()
-        print(output, end="", flush=True)
-        SharedEnv.prefetch_ok = proc.returncode == 0
-        if proc.returncode != 0:  # the session's own install then says what is wrong
-            self.session.log(f"installing tnt-keras' requirements ahead failed (exit code {proc.returncode})")
+        # Not required: where it failed, the keras session's own install says what is wrong.
+        SharedEnv.prefetch_ok = self.wait(proc, required=False)
 
     def need(self, part: str) -> None:
         if part in SharedEnv.installed:
@@ -154,11 +151,16 @@ class SharedEnv:
         full_env = {**os.environ, **self._env(env)}
         return subprocess.Popen(argv, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
-    def wait(self, proc: subprocess.Popen[str]) -> None:
+    def wait(self, proc: subprocess.Popen[str], required: bool = True) -> bool:
+        """Prints ``proc``'s output once it ends; fails the session where it failed and is ``required``."""
         output, _ = proc.communicate()
         print(output, end="", flush=True)
         if proc.returncode != 0:
-            self.session.error(f"{' '.join(map(str, proc.args))} failed with exit code {proc.returncode}")
+            failed = f"{' '.join(map(str, proc.args))} failed with exit code {proc.returncode}"
+            if required:
+                self.session.error(failed)
+            self.session.log(failed)
+        return proc.returncode == 0
 
     def _argv(self, program: str, args: tuple[str, ...]) -> list[str]:
         executable = self.bin / program
