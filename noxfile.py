@@ -363,12 +363,12 @@ def keras(session: nox.Session) -> None:
 def integration(session: nox.Session) -> None:
     """Tests across packages: collectives and the Keras example in jobs started by tnt-launch."""
     env = SharedEnv(session, "keras", "test", "example")
-    # By file, two at once: test_cluster.py's jobs run on the namespaces' hosts, each with its own
+    # By file, two at once: the cluster files' jobs run on the namespaces' hosts, each with its own
     # /dev/shm and job registry, so they do not meet test_comm_under_launch.py's checks of this
-    # machine's; its ranks wait on timeouts and ssh much of the time (2026-11-24 on 2 cores: 144 s
-    # one file after the other, 130-148 s side by side). Spread by test (two clusters at once):
-    # 108-127 s that morning, but 153 s against 147 s by file on the slower machine of that
-    # afternoon, where the two clusters' TensorFlow jobs took 29-41 s each instead of 13-17 s.
+    # machine's. integration/conftest.py orders the files: the failure tests, which mostly wait on
+    # cut links and timeouts, beside the cluster's busy Keras jobs (113 s on 2 cores, 2026-11-24,
+    # against 136 s where they ran last in test_cluster.py, alone). Spread by test, two clusters'
+    # TensorFlow jobs met: 153 s against 147 s by file on a slower afternoon.
     env.run(
         "pytest",
         str(ROOT / "integration"),

@@ -1,0 +1,169 @@
+"""The failures a cluster has that one machine has not, on a cluster of network namespaces
+(``netns_cluster.py``): a killed rank on another host, a cut link (while tnt-comm sums, and while
+Keras trains), and leftovers on every host."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from cluster_jobs import HOSTS, TRAIN, TRANSPORTS, assert_gone, env, job_processes, launch_argv, tnt_shm, transport_args
+from netns_cluster import Cluster
+
+LOOP = r"""
+import os, signal, sys, time, numpy as np, tnt_comm as tc
+
+x = np.ones(1 << 16, np.float32)
+calls = 0
+while True:
+    tc.allreduce(x)
+    calls += 1
+    if calls == 30:
+        print(f"RUNNING rank {tc.rank()}", flush=True)
+        if tc.rank() == 0:
+            open(sys.argv[1], "w").close()
+    if calls == 60 and tc.rank() == int(os.environ.get("KILL_RANK", "-1")):
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.01)
+"""
+
+
+@contextlib.contextmanager
+def loop_job(
+    cluster: Cluster, tmp_path: Path, *args: str, code: str = LOOP
+) -> Iterator[tuple[subprocess.Popen[str], Path]]:
+    """A job of 3 hosts x 2 ranks running ``code`` (allreduce in a loop), once it runs: ``code``
+    creates the file named by its first argument. Whatever of it is left when the test ends (a
+    failed test) is killed: the launcher and the ranks on every host."""
+    script = tmp_path / "loop.py"
+    script.write_text(code)
+    started = tmp_path / "started"
+    argv = launch_argv(cluster, HOSTS, tmp_path, *args, "--", str(script), str(started))
+    proc = subprocess.Popen(argv, env=env(cluster), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not started.exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the job did not start"
+            time.sleep(0.1)
+        yield proc, script
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        for p in job_processes(str(script)):
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_rank_killed_on_another_host_ends_the_job(cluster: Cluster, transport: str, tmp_path: Path) -> None:
+    shm_before = tnt_shm(cluster)
+    args = (*transport_args(transport), "--timeout", "30", "-x", "KILL_RANK=3")
+    with loop_job(cluster, tmp_path, *args) as (proc, script):
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode != 0
+        assert "rank 3 (host 198.18.0.2, local rank 1) was killed by signal 9 (SIGKILL)" in err, err
+        assert_gone(cluster, str(script), shm_before, within=10)
+
+
+def cut_host_1(cluster: Cluster, proc: subprocess.Popen[str], timeout: float) -> tuple[str, float]:
+    """Cuts host 1's link, waits for the job to end, reconnects the host; the job's stderr and
+    the seconds from the cut to the end."""
+    try:
+        cut = time.monotonic()
+        cluster.cut(1)
+        _, err = proc.communicate(timeout=timeout)
+        return err, time.monotonic() - cut
+    finally:
+        cluster.reconnect(1)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_cut_link_ends_the_job_naming_the_host(cluster: Cluster, transport: str, tmp_path: Path) -> None:
+    """Host 1 loses its link mid-job: no packet and no reset arrive any more. With a stall timeout of
+    2 s the job ends within 10 s, and the summary names the ranks and the host."""
+    shm_before = tnt_shm(cluster)
+    with loop_job(cluster, tmp_path, *transport_args(transport), "--timeout", "2") as (proc, script):
+        err, took = cut_host_1(cluster, proc, timeout=60)
+        assert proc.returncode != 0
+        # The summary leads with the host (which survivors' timeouts name which of its ranks depends
+        # on the algorithm and on who times out first).
+        summary = next(ln for ln in err.splitlines() if ln.startswith("tnt-launch: job ") and " failed: " in ln)
+        assert " failed: host 198.18.0.2 stopped answering (rank 2, rank 3); " in summary, summary
+        assert "host 198.18.0.2 stopped answering during the job (rank 2, rank 3 ran there)" in err, err
+        print(f"the job ended {took:.1f} s after the cut")
+        assert took < 10, f"the job took {took:.1f} s to end after the cut:\n{err}"
+        # The ranks behind the cut end at their own timeout, and remove their segments.
+        assert_gone(cluster, str(script), shm_before, within=20)
+
+
+def registry(cluster: Cluster, host: int) -> list[str]:
+    """The entries of the tnt-launch job registry of ``host`` (each host has its own)."""
+    folder = cluster.path(host, f"/tmp/tnt-launch-{os.getuid()}")
+    return sorted(f for f in os.listdir(folder) if f.endswith(".json"))
+
+
+FIT = (
+    TRAIN.split("serial = build()")[0]
+    + r"""
+import sys
+
+
+class Started(keras.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == 3 and tnt_comm.rank() == 0:
+            open(sys.argv[1], "w").close()
+
+
+model = tnt.Model(build())
+model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+model.fit(x, y, batch_size=24, epochs=1_000_000, verbose=0, callbacks=[Started()])
+"""
+)
+
+
+@pytest.mark.timeout(180)
+def test_cut_link_mid_fit_ends_the_job(cluster: Cluster, tmp_path: Path) -> None:
+    """The same cut while 6 ranks train a Keras model. After the error TensorFlow's teardown keeps
+    a rank alive for seconds (the tf.data iterator waits for its autotuning thread), so tnt-launch
+    stops the job once a rank has printed a tnt-comm failure, not when it exits."""
+    shm_before = tnt_shm(cluster)
+    with loop_job(cluster, tmp_path, "--timeout", "2", code=FIT) as (proc, script):
+        err, took = cut_host_1(cluster, proc, timeout=90)
+        assert proc.returncode != 0
+        summary = next(ln for ln in err.splitlines() if ln.startswith("tnt-launch: job ") and " failed: " in ln)
+        assert " failed: host 198.18.0.2 stopped answering (rank 2, rank 3); " in summary, summary
+        assert "host 198.18.0.2 stopped answering during the job" in err, err[-3000:]
+        print(f"the job ended {took:.1f} s after the cut")
+        assert took < 10, f"the job took {took:.1f} s to end after the cut:\n{err[-3000:]}"
+        assert_gone(cluster, str(script), shm_before, within=30)
+
+
+@pytest.mark.timeout(120)
+def test_cleanup_reaches_every_host(cluster: Cluster, tmp_path: Path) -> None:
+    shm_before = tnt_shm(cluster)
+    with loop_job(cluster, tmp_path, "--timeout", "60") as (proc, script):
+        held = [registry(cluster, i) for i in range(HOSTS)]
+        assert all(held), held  # every host registered its own part of the job
+        argv = launch_argv(cluster, HOSTS, tmp_path, "--cleanup", "--", script.name)
+        done = subprocess.run(argv, env=env(cluster), capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stderr
+        # Every host answers. Hosts are visited at once, and once one host's ranks are stopped the
+        # rest of the job fails and ends by itself, so the others may find nothing left to stop.
+        for i in range(HOSTS):
+            line = rf"^{re.escape(cluster.address(i))}: (stopped job \w+ |no running tnt-launch jobs of loop.py$)"
+            assert re.search(line, done.stdout, re.M), done.stdout
+        assert "stopped job" in done.stdout, done.stdout
+        proc.communicate(timeout=30)
+        assert_gone(cluster, str(script), shm_before, within=10)
+        assert not any(registry(cluster, i) for i in range(HOSTS)), [registry(cluster, i) for i in range(HOSTS)]
