@@ -19,6 +19,9 @@ TEST_DEPS = ["pytest>=8", "pytest-timeout", "pytest-xdist", "hypothesis", "psuti
 # What examples/keras_digits.py needs beyond tnt (numpy is in the shared environment), and where.
 EXAMPLE_PACKAGES = ["scikit-learn", "scipy", "joblib", "threadpoolctl", "cloudpickle", "narwhals"]
 EXAMPLE_DEPS = ROOT / ".nox" / "example-deps"
+# No bytecode (50 MB) for one test's two ranks: it keeps .nox under 2 GB. Its own folder: no package
+# of the environment's is touched, so this pip may run beside another.
+EXAMPLE_PIP = ["--no-deps", "--no-compile", "--upgrade", "--target", str(EXAMPLE_DEPS), *EXAMPLE_PACKAGES]
 
 
 def concurrently(dist: str = "load", per_core: float = 1) -> list[str]:
@@ -56,60 +59,83 @@ class SharedEnv:
 
     path = ROOT / ".nox" / "tnt"
     installed: set[str] = set()  # parts done in this nox run
-    prefetch: subprocess.Popen[str] | None = None  # see prefetch_keras_requirements
-    prefetched = False  # once per nox run
-    prefetch_ok = False  # it installed every requirement
+    # Parts that plain requirements make up: a session installs all of those it needs in one pip.
+    PLAIN = {
+        "ruff": ["ruff"],
+        "build": ["scikit-build-core>=0.10", "pybind11>=2.12", "cmake", "ninja", "numpy"],
+        "test": [*TEST_DEPS, "ml_dtypes"],
+    }
+    REQUIRES = {"comm": ["build"], "keras": ["comm", "launch"]}
+    ahead: dict[str, subprocess.Popen[str]] = {}  # see install_ahead: part -> its pip, until waited for
+    ahead_started = False  # once per nox run
+    ahead_ok: set[str] = set()  # the parts install_ahead installed
 
     def __init__(self, session: nox.Session, *parts: str) -> None:
         self.session = session
         self.bin = self.path / "bin"
         if not (self.bin / "python").exists():
             session.run(sys.executable, "-m", "virtualenv", "-q", str(self.path), external=True)
+        plain = [p for p in self.closure(parts) if p in self.PLAIN and p not in SharedEnv.installed]
+        if plain:
+            self.pip(*(r for p in plain for r in self.PLAIN[p]))
+            SharedEnv.installed.update(plain)
+        if {"build", "test"} <= SharedEnv.installed and "keras" not in SharedEnv.installed:
+            self.install_ahead()
         for part in parts:
             self.need(part)
-        if "comm" in SharedEnv.installed and "keras" not in SharedEnv.installed:
-            self.prefetch_keras_requirements()
 
-    def prefetch_keras_requirements(self) -> None:
-        """Starts installing tnt-keras' requirements (TensorFlow and the rest, ~20 s of pip on one
-        core) in the background, where a later session of this run needs them: the tests running
-        meanwhile keep the other core busy. Every later pip waits for it (one pip at a time)."""
-        if SharedEnv.prefetched or not runs_later(self.session, "keras", "integration"):
+    @classmethod
+    def closure(cls, parts: tuple[str, ...]) -> list[str]:
+        """``parts`` and every part they require, each once, requirements first."""
+        found: list[str] = []
+        for part in parts:
+            for required in cls.closure(tuple(cls.REQUIRES.get(part, []))) + [part]:
+                if required not in found:
+                    found.append(required)
+        return found
+
+    def install_ahead(self) -> None:
+        """Starts installing in the background what later sessions of this run need, once the
+        packages every session shares are in: tnt-keras' requirements (TensorFlow and the rest,
+        ~20 s of pip on one core) with tnt-launch, and the example's scikit-learn (a folder of its
+        own). The tests and the build running meanwhile keep the other core busy. Every later pip
+        into the environment waits for the first (one pip at a time there)."""
+        if SharedEnv.ahead_started or not runs_later(self.session, "keras", "integration"):
             return
-        SharedEnv.prefetched = True
+        SharedEnv.ahead_started = True
         requirements = keras_requirements()
         if requirements:
-            SharedEnv.prefetch = self.start("python", "-m", "pip", "install", "-q", "--no-compile", *requirements)
+            pip = ["python", "-m", "pip", "install", "-q", "--no-compile", *requirements, str(LAUNCH)]
+            SharedEnv.ahead["keras requirements"] = self.start(*pip)
+        if runs_later(self.session, "integration"):
+            SharedEnv.ahead["example"] = self.start("python", "-m", "pip", "install", "-q", *EXAMPLE_PIP)
 
-    def finish_prefetch(self) -> None:
-        if SharedEnv.prefetch is None:
-            return
-        proc, SharedEnv.prefetch = SharedEnv.prefetch, None
-        # Not required: where it failed, the keras session's own install says what is wrong.
-        SharedEnv.prefetch_ok = self.wait(proc, required=False)
+    def finish_ahead(self, part: str) -> bool:
+        """Waits for ``part``'s background install, where one was started; whether it installed."""
+        proc = SharedEnv.ahead.pop(part, None)
+        # Not required: where it failed, the session's own install of the part says what is wrong.
+        if proc is not None and self.wait(proc, required=False):
+            SharedEnv.ahead_ok.add(part)
+        return part in SharedEnv.ahead_ok
 
     def need(self, part: str) -> None:
         if part in SharedEnv.installed:
             return
-        if part == "ruff":
-            self.pip("ruff")
-        elif part == "build":
-            self.pip("scikit-build-core>=0.10", "pybind11>=2.12", "cmake", "ninja", "numpy")
-        elif part == "test":
-            self.pip(*TEST_DEPS, "ml_dtypes")
+        for required in self.REQUIRES.get(part, []):
+            self.need(required)
+        if part in self.PLAIN:
+            self.pip(*self.PLAIN[part])
         elif part == "comm":
-            self.need("build")
-            self.pip("--force-reinstall", *comm_build(), str(COMM))
+            # --no-deps: it touches no package of the background install's, so it need not wait for it.
+            self.pip("--force-reinstall", *comm_build(), str(COMM), exclusive=False)
         elif part == "launch":
-            self.pip(str(LAUNCH))
+            if not self.finish_ahead("keras requirements"):
+                self.pip(str(LAUNCH))
         elif part == "keras":
-            self.need("comm")
-            self.need("launch")
             # --no-compile: no bytecode for the thousands of TensorFlow modules never imported; the
-            # ones that are get theirs from write_bytecode.py below. Not needed where the prefetch
-            # installed every requirement: tnt-keras itself is installed below.
-            self.finish_prefetch()
-            if not SharedEnv.prefetch_ok:
+            # ones that are get theirs from write_bytecode.py below. Not needed where the background
+            # install put in every requirement: tnt-keras itself is installed below.
+            if not self.finish_ahead("keras requirements"):
                 self.pip("--no-compile", f"{KERAS}[cpu,test]", "hatchling")
             # Bytecode for the modules the ranks import (see the script): with PYTHONDONTWRITEBYTECODE
             # set, each rank would otherwise compile TensorFlow's Python anew, 5 s of CPU per rank.
@@ -131,14 +157,17 @@ class SharedEnv:
             # scikit-learn (the example's data) goes to a folder of its own, put on PYTHONPATH only
             # where the example runs: Keras imports scikit-learn and SciPy at start when they are
             # importable, 0.65 s of CPU in each of the ~100 ranks the other tests start.
-            # No bytecode (50 MB) for one test's two ranks: it keeps .nox under 2 GB.
-            self.pip("--no-deps", "--no-compile", "--upgrade", "--target", str(EXAMPLE_DEPS), *EXAMPLE_PACKAGES)
+            if not self.finish_ahead("example"):
+                self.run("python", "-m", "pip", "install", "-q", *EXAMPLE_PIP)
         else:
             raise ValueError(f"unknown part {part!r}")
         SharedEnv.installed.add(part)
 
-    def pip(self, *args: str, env: dict[str, str] | None = None) -> None:
-        self.finish_prefetch()
+    def pip(self, *args: str, env: dict[str, str] | None = None, exclusive: bool = True) -> None:
+        """pip install ``args`` into the environment; ``exclusive``: after the background install
+        of tnt-keras' requirements, where one runs (two pips must not install the same package)."""
+        if exclusive:
+            self.finish_ahead("keras requirements")
         self.run("python", "-m", "pip", "install", "-q", *args, env=env)
 
     def run(self, program: str, *args: str, env: dict[str, str] | None = None) -> None:
@@ -188,7 +217,7 @@ def compiler_cache() -> dict[str, str]:
 
 def runs_later(session: nox.Session, *names: str) -> bool:
     """Whether one of the sessions ``names`` is still to run in this nox run. nox has no public API
-    for it: False where its internals differ, which only forgoes the prefetch."""
+    for it: False where its internals differ, which only forgoes installing ahead."""
     try:
         return any(queued and s.name in names for s, queued in session._runner.manifest.list_all_sessions())
     except AttributeError:
@@ -200,7 +229,7 @@ def keras_requirements() -> list[str]:
     hatchling, which builds it without isolation), as its pyproject.toml names them."""
     try:
         import tomllib
-    except ImportError:  # Python 3.10: no prefetch
+    except ImportError:  # Python 3.10: nothing installed ahead
         return []
     project = tomllib.loads((KERAS / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
@@ -283,7 +312,7 @@ def comm_static(session: nox.Session) -> None:
     # regular tnt-comm stays as the other sessions need it. The shared environment's build is only
     # linked again: no file compiles twice.
     target = ROOT / ".nox" / "tnt-comm-static"
-    env.pip(*comm_build("-static-libstdc++"), "--upgrade", "--target", str(target), str(COMM))
+    env.pip(*comm_build("-static-libstdc++"), "--upgrade", "--target", str(target), str(COMM), exclusive=False)
     static = {"PYTHONPATH": str(target)}
     # The build must really carry its own C++ runtime, or this session proves nothing.
     env.run("python", str(COMM / "tests" / "static_runtime_check.py"), env=static)
