@@ -371,7 +371,9 @@ def launch(session: nox.Session) -> None:
     env = SharedEnv(session, "launch", "test")
     # Every test has a job registry, ranks and sshd of its own, and its ranks mostly wait (ssh,
     # signals, timeouts): on 2 cores the suite took 60 s on one worker and 30 s on four.
-    env.run("pytest", str(LAUNCH / "tests"), "-q", "-rs", *concurrently(per_core=2), *session.posargs)
+    # One test at a time to each worker: tests/conftest.py puts the slowest first.
+    one_at_a_time = ["--maxschedchunk", "1"]
+    env.run("pytest", str(LAUNCH / "tests"), "-q", "-rs", *concurrently(per_core=2), *one_at_a_time, *session.posargs)
 
 
 @nox.session(venv_backend="none")

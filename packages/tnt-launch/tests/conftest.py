@@ -229,3 +229,33 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]:
             server.kill()
             server.wait()
         log.close()
+
+
+# The slowest tests, slowest first (seconds on one of 4 workers on 2 cores, 2026-11-24): they start
+# first, and the hundreds of quick ones fill in around them, so that no worker is left with a slow
+# one at the end while the others idle. nox hands the tests out one at a time (--maxschedchunk 1);
+# pytest-xdist would otherwise send each worker a run of 14 consecutive tests at the start.
+SLOWEST = [
+    "test_cleanup_without_a_script_stops_every_job",  # 6.5 s
+    "test_many_ranks_on_one_host_stay_within_sshds_connection_limit",  # 5.9
+    "test_sigterm_escalates_to_sigkill_for_ranks_that_ignore_it",  # 5.5
+    "test_in_a_terminal_an_unfinished_line_shows_at_once[ssh]",  # 5.2
+    "test_remote_failure_brings_down_both_hosts",  # 5.1
+    "test_check_build_reports_this_installation",  # 4.3
+    "test_pinning_on_both_hosts",  # 3.7
+    "test_a_stopped_remote_rank_is_named_first",  # 3.6
+    "test_gpi2_across_two_hosts",  # 3.1
+    "test_remote_ranks_die_with_a_killed_launcher",  # 2.9
+    "test_job_only_on_another_host_tidies_up_there",  # 2.7
+    "test_cleanup_on_both_hosts",  # 2.6
+    "test_ctrl_c_stops_both_hosts",  # 2.3
+    "test_two_hosts_receive_the_contract",  # 2.3
+    "test_cleanup_stops_registered_jobs_and_nothing_else",  # 2.1
+    "test_slurm_allocation_without_a_hostfile",  # 2.1
+]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # A stable sort: the other tests keep their order.
+    rank = {name: i for i, name in enumerate(SLOWEST)}
+    items.sort(key=lambda item: rank.get(item.name, len(SLOWEST)))
