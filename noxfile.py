@@ -66,7 +66,7 @@ class SharedEnv:
         "test": [*TEST_DEPS, "ml_dtypes"],
     }
     REQUIRES = {"comm": ["build"], "keras": ["comm", "launch"]}
-    ahead: dict[str, subprocess.Popen[str]] = {}  # see install_ahead: part -> its pip, until waited for
+    ahead: dict[str, list[subprocess.Popen[str]]] = {}  # see install_ahead: part -> its installs, until waited for
     ahead_started = False  # once per nox run
     ahead_ok: set[str] = set()  # the parts install_ahead installed
 
@@ -83,6 +83,7 @@ class SharedEnv:
             self.install_ahead()
         for part in parts:
             self.need(part)
+        self.install_keras_ahead()
 
     @classmethod
     def closure(cls, parts: tuple[str, ...]) -> list[str]:
@@ -106,15 +107,46 @@ class SharedEnv:
         requirements = keras_requirements()
         if requirements:
             pip = ["python", "-m", "pip", "install", "-q", "--no-compile", *requirements, str(LAUNCH)]
-            SharedEnv.ahead["keras requirements"] = self.start(*pip)
+            SharedEnv.ahead["keras requirements"] = [self.start(*pip)]
         if runs_later(self.session, "integration"):
-            SharedEnv.ahead["example"] = self.start("python", "-m", "pip", "install", "-q", *EXAMPLE_PIP)
+            SharedEnv.ahead["example"] = [self.start("python", "-m", "pip", "install", "-q", *EXAMPLE_PIP)]
+
+    def install_keras_ahead(self) -> None:
+        """Once tnt-keras' requirements are in (checked without waiting) and tnt-comm is built,
+        starts tnt-keras' own install in the background (``start_keras_install``, ~20 CPU-s), so
+        that it runs beside tnt-comm's tests over GPI-2, whose ranks poll and give way, and the
+        sanitizer sessions, which leave a core idle, instead of at the start of the keras session."""
+        requirements = SharedEnv.ahead.get("keras requirements", [])
+        if "comm" not in SharedEnv.installed or "keras" in SharedEnv.ahead or "keras" in SharedEnv.installed:
+            return
+        if any(proc.poll() is None for proc in requirements) or not self.finish_ahead("keras requirements"):
+            return  # still installing, or not installed ahead (then the keras session installs it all)
+        SharedEnv.ahead["keras"] = self.start_keras_install()
+
+    def start_keras_install(self) -> list[subprocess.Popen[str]]:
+        """tnt-keras into the environment and the bytecode its tests' ranks import, side by side (each
+        uses about one core); their requirements must be in."""
+        # Bytecode for the modules the ranks import (see the script): with PYTHONDONTWRITEBYTECODE
+        # set, each rank would otherwise compile TensorFlow's Python anew, 5 s of CPU per rank.
+        # PYTHONPATH as the jobs have it: the source tree's tnt_keras gets its bytecode too, and
+        # the script fills the op cache the jobs load from (the source tree has no prebuilt op),
+        # so that the first test does not pay for the compile.
+        bytecode = self.start(
+            "python",
+            str(KERAS / "tests" / "write_bytecode.py"),
+            env={"PYTHONDONTWRITEBYTECODE": "", "PYTHONPATH": str(KERAS / "src"), **op_compiler_cache()},
+        )
+        # With TensorFlow importable at build time, as users get with --no-build-isolation: the wheel
+        # then carries the compiled op (test_prebuilt_op checks that it is the one loaded, and that
+        # `python -m tnt_keras.ops` finds it). --no-deps: it touches no other package.
+        pip = ["python", "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps", "--force-reinstall"]
+        return [bytecode, self.start(*pip, str(KERAS), env=op_compiler_cache())]
 
     def finish_ahead(self, part: str) -> bool:
-        """Waits for ``part``'s background install, where one was started; whether it installed."""
-        proc = SharedEnv.ahead.pop(part, None)
-        # Not required: where it failed, the session's own install of the part says what is wrong.
-        if proc is not None and self.wait(proc, required=False):
+        """Waits for ``part``'s background installs, where they were started; whether they succeeded."""
+        procs = SharedEnv.ahead.pop(part, None)
+        # Not required: where one failed, the session's own install of the part says what is wrong.
+        if procs is not None and all([self.wait(proc, required=False) for proc in procs]):
             SharedEnv.ahead_ok.add(part)
         return part in SharedEnv.ahead_ok
 
@@ -132,27 +164,14 @@ class SharedEnv:
             if not self.finish_ahead("keras requirements"):
                 self.pip(str(LAUNCH))
         elif part == "keras":
-            # --no-compile: no bytecode for the thousands of TensorFlow modules never imported; the
-            # ones that are get theirs from write_bytecode.py below. Not needed where the background
-            # install put in every requirement: tnt-keras itself is installed below.
-            if not self.finish_ahead("keras requirements"):
-                self.pip("--no-compile", f"{KERAS}[cpu,test]", "hatchling")
-            # Bytecode for the modules the ranks import (see the script): with PYTHONDONTWRITEBYTECODE
-            # set, each rank would otherwise compile TensorFlow's Python anew, 5 s of CPU per rank.
-            # PYTHONPATH as the jobs have it: the source tree's tnt_keras gets its bytecode too, and
-            # the script fills the op cache the jobs load from (the source tree has no prebuilt op),
-            # so that the first test does not pay for the compile. In the background: it uses one
-            # core, as the next step does.
-            bytecode = self.start(
-                "python",
-                str(KERAS / "tests" / "write_bytecode.py"),
-                env={"PYTHONDONTWRITEBYTECODE": "", "PYTHONPATH": str(KERAS / "src"), **op_compiler_cache()},
-            )
-            # Again with TensorFlow importable at build time, as users get with --no-build-isolation:
-            # the wheel then carries the compiled op (test_prebuilt_op checks that it is the one
-            # loaded, and that `python -m tnt_keras.ops` finds it).
-            self.pip("--no-build-isolation", "--no-deps", "--force-reinstall", str(KERAS), env=op_compiler_cache())
-            self.wait(bytecode)
+            if not self.finish_ahead("keras"):
+                # --no-compile: no bytecode for the thousands of TensorFlow modules never imported;
+                # the ones that are get theirs from write_bytecode.py. Not needed where the
+                # background install put in every requirement.
+                if not self.finish_ahead("keras requirements"):
+                    self.pip("--no-compile", f"{KERAS}[cpu,test]", "hatchling")
+                for proc in self.start_keras_install():
+                    self.wait(proc)
         elif part == "example":
             # scikit-learn (the example's data) goes to a folder of its own, put on PYTHONPATH only
             # where the example runs: Keras imports scikit-learn and SciPy at start when they are
