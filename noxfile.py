@@ -83,7 +83,6 @@ class SharedEnv:
             self.install_ahead()
         for part in parts:
             self.need(part)
-        self.install_keras_ahead()
 
     @classmethod
     def closure(cls, parts: tuple[str, ...]) -> list[str]:
@@ -112,10 +111,10 @@ class SharedEnv:
             SharedEnv.ahead["example"] = [self.start("python", "-m", "pip", "install", "-q", *EXAMPLE_PIP)]
 
     def install_keras_ahead(self) -> None:
-        """Once tnt-keras' requirements are in (checked without waiting) and tnt-comm is built,
-        starts tnt-keras' own install in the background (``start_keras_install``, ~20 CPU-s), so
-        that it runs beside tnt-comm's tests over GPI-2, whose ranks poll and give way, and the
-        sanitizer sessions, which leave a core idle, instead of at the start of the keras session."""
+        """Where tnt-keras' requirements are in (checked without waiting) and tnt-comm is built,
+        starts tnt-keras' own install in the background (``start_keras_install``, ~20 CPU-s): the
+        sanitizer sessions call it, whose builds and C++ tests leave a core idle, so that the keras
+        session need not start with it. (Beside the tests over GPI-2 it only slowed them down.)"""
         requirements = SharedEnv.ahead.get("keras requirements", [])
         if "comm" not in SharedEnv.installed or "keras" in SharedEnv.ahead or "keras" in SharedEnv.installed:
             return
@@ -299,6 +298,7 @@ SANITIZED_BUILD = ["-DCMAKE_BUILD_TYPE=RelWithDebInfo", "-DCMAKE_CXX_FLAGS_RELWI
 
 def ctest(session: nox.Session, name: str, *cmake_args: str) -> None:
     env = SharedEnv(session, "build")
+    env.install_keras_ahead()
     build = COMM / "build" / name
     env.run("cmake", "-S", str(COMM), "-B", str(build), "-G", "Ninja", "-DTNT_COMM_BUILD_TESTS=ON", *cmake_args)
     env.run("cmake", "--build", str(build))
