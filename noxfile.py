@@ -32,7 +32,12 @@ def concurrently(dist: str = "load", per_core: float = 1) -> list[str]:
     module fixture or cache. Not for suites whose tests look at machine-wide state (/dev/shm before
     and after, every process of the user)."""
     cores = len(os.sched_getaffinity(0))
-    return ["-n", str(min(int(cores * per_core), 4)), "--dist", dist] if cores > 1 else []
+    if cores < 2:
+        return []
+    # By file, in the order the suite's conftest.py gives them (the costliest first), not xdist's
+    # (by their number of tests).
+    order = ["--no-loadscope-reorder"] if dist == "loadfile" else []
+    return ["-n", str(min(int(cores * per_core), 4)), "--dist", dist, *order]
 
 
 nox.options.sessions = [
@@ -75,13 +80,14 @@ class SharedEnv:
         self.bin = self.path / "bin"
         if not (self.bin / "python").exists():
             session.run(sys.executable, "-m", "virtualenv", "-q", str(self.path), external=True)
-        plain = [p for p in self.closure(parts) if p in self.PLAIN and p not in SharedEnv.installed]
+        wanted = self.closure(parts)
+        plain = [p for p in wanted if p in self.PLAIN and p not in SharedEnv.installed]
         if plain:
             self.pip(*(r for p in plain for r in self.PLAIN[p]))
             SharedEnv.installed.update(plain)
         if {"build", "test"} <= SharedEnv.installed and "keras" not in SharedEnv.installed:
             self.install_ahead()
-        for part in parts:
+        for part in wanted:
             self.need(part)
 
     @classmethod
@@ -115,10 +121,10 @@ class SharedEnv:
         starts tnt-keras' own install in the background (``start_keras_install``, ~20 CPU-s): the
         sanitizer sessions call it, whose builds and C++ tests leave a core idle, so that the keras
         session need not start with it. (Beside the tests over GPI-2 it only slowed them down.)"""
-        requirements = SharedEnv.ahead.get("keras requirements", [])
         if "comm" not in SharedEnv.installed or "keras" in SharedEnv.ahead or "keras" in SharedEnv.installed:
             return
-        if any(proc.poll() is None for proc in requirements) or not self.finish_ahead("keras requirements"):
+        still_installing = any(proc.poll() is None for proc in SharedEnv.ahead.get("keras requirements", []))
+        if still_installing or not self.finish_ahead("keras requirements"):
             return  # still installing, or not installed ahead (then the keras session installs it all)
         SharedEnv.ahead["keras"] = self.start_keras_install()
 
@@ -150,13 +156,10 @@ class SharedEnv:
         return part in SharedEnv.ahead_ok
 
     def need(self, part: str) -> None:
+        """Installs ``part``, whose requirements are in (``closure`` orders them first)."""
         if part in SharedEnv.installed:
             return
-        for required in self.REQUIRES.get(part, []):
-            self.need(required)
-        if part in self.PLAIN:
-            self.pip(*self.PLAIN[part])
-        elif part == "comm":
+        if part == "comm":
             # --no-deps: it touches no package of the background install's, so it need not wait for it.
             self.pip("--force-reinstall", *comm_build(), str(COMM), exclusive=False)
         elif part == "launch":

@@ -23,17 +23,12 @@ def cluster() -> Iterator[Cluster]:
         c.down()
 
 
-# By file (--dist loadfile) on two workers, in this order: test_cluster.py's busy jobs on one worker
-# from the start, this machine's own jobs on the other, then there the failure tests, which mostly
-# wait (on cut links, stall timeouts, ssh), beside the cluster's Keras jobs. 113 s on 2 cores
-# (2026-11-24), against 136 s with the failure tests in test_cluster.py, the last 50 s of them alone.
+# By file on two workers (--dist loadfile --no-loadscope-reorder, as nox runs them), in this order:
+# test_cluster.py's busy jobs on one worker from the start, this machine's own jobs on the other,
+# then there the failure tests, which mostly wait (on cut links, stall timeouts, ssh), beside the
+# cluster's Keras jobs. 113 s on 2 cores (2026-11-24), against 136 s with the failure tests in
+# test_cluster.py, the last 50 s of them alone.
 ORDER = ["test_cluster.py", "test_comm_under_launch.py", "test_cluster_failures.py"]
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    # xdist would order the files by their number of tests instead (its --loadscope-reorder).
-    if hasattr(config.option, "loadscopereorder"):
-        config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

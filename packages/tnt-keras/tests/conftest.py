@@ -9,9 +9,10 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1] / "tnt-comm" / "tests"))
 
 # Seconds each test file keeps one worker busy on 2 cores (`pytest -n 2 --dist loadfile
-# --durations=0`, 2026-11-24): 597 s in all. pytest-xdist hands out whole files in collection order,
-# so the costliest go first and the light ones fill in at the end, longest first: by the number of
-# tests per file (xdist's own order) one worker idled for the last 30 s of a 331 s run.
+# --durations=0`, 2026-11-24): 597 s in all. With --no-loadscope-reorder (nox passes it) pytest-xdist
+# hands out whole files in collection order, so the costliest go first and the light ones fill in at
+# the end: by the number of tests per file (xdist's own order) one worker idled for the last 30 s of
+# a 331 s run.
 FILE_SECONDS = {
     "test_training.py": 178,
     "test_data.py": 79,
@@ -32,12 +33,6 @@ FILE_SECONDS = {
     "test_buckets.py": 0,
 }
 NEW_FILE_SECONDS = 20  # a file not measured yet goes among the middling ones
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    # xdist would order the files by their number of tests instead (its --loadscope-reorder).
-    if hasattr(config.option, "loadscopereorder"):
-        config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
