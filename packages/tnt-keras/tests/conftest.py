@@ -1,5 +1,6 @@
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -38,3 +39,14 @@ NEW_FILE_SECONDS = 20  # a file not measured yet goes among the middling ones
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # A stable sort: each file's tests keep their order.
     items.sort(key=lambda item: -FILE_SECONDS.get(item.path.name, NEW_FILE_SECONDS))
+
+
+@pytest.fixture(scope="session")
+def tf() -> ModuleType:
+    """TensorFlow, for the tests that use it in pytest's own process. Imported here, by the first
+    test that asks, and not at the top of their files: every xdist worker collects every file, and
+    each would pay the import (3 CPU-s, 4 s of the session's start on 2 cores) for tests that only
+    one of them runs."""
+    import tensorflow
+
+    return tensorflow

@@ -2,31 +2,41 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
-import tensorflow as tf
-from tnt_keras import reduce, runtime
+
+# tnt_keras imports TensorFlow: here inside the tests, not at collection (see conftest.py: tf).
 
 
-def grads(*specs: tuple[int, tf.DType]) -> list[tf.Tensor]:
+def grads(*specs: tuple[int, str]) -> list[Any]:
+    import tensorflow as tf
+
     return [tf.zeros([n], dtype) for n, dtype in specs]
 
 
-F32, F16 = tf.float32, tf.float16
+F32, F16 = "float32", "float16"
 
 
 def test_buckets_start_from_the_last_gradient_and_reach_the_threshold() -> None:
+    from tnt_keras import reduce
+
     g = grads((10, F32), (100, F32), (5, F32), (20, F32))  # 40, 400, 20, 80 bytes
     assert reduce.plan_buckets(g, 100) == [[3, 2], [1], [0]]
     assert reduce.plan_buckets(g, 1 << 20) == [[3, 2, 1, 0]]
 
 
 def test_threshold_zero_sends_every_gradient_alone() -> None:
+    from tnt_keras import reduce
+
     g = grads((10, F32), (100, F32), (5, F32))
     assert reduce.plan_buckets(g, 0) == [[2], [1], [0]]
 
 
 def test_buckets_never_mix_dtypes_and_skip_missing_gradients() -> None:
-    g: list[tf.Tensor | None] = [*grads((10, F32), (10, F16)), None, *grads((10, F32))]
+    from tnt_keras import reduce
+
+    g: list[Any] = [*grads((10, F32), (10, F16)), None, *grads((10, F32))]
     assert reduce.plan_buckets(g, 1 << 20) == [[3], [1], [0]]
 
 
@@ -38,11 +48,15 @@ def test_threshold_comes_from_the_launcher_variable(
         monkeypatch.delenv("TNT_FUSION_THRESHOLD_KB", raising=False)
     else:
         monkeypatch.setenv("TNT_FUSION_THRESHOLD_KB", raw)
+    from tnt_keras import runtime
+
     assert runtime.fusion_threshold_bytes() == expected
 
 
 @pytest.mark.parametrize("raw", ["-1", "32k", ""])
 def test_a_bad_threshold_is_named(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
     monkeypatch.setenv("TNT_FUSION_THRESHOLD_KB", raw)
+    from tnt_keras import runtime
+
     with pytest.raises(ValueError, match="TNT_FUSION_THRESHOLD_KB"):
         runtime.fusion_threshold_bytes()

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+from types import ModuleType
+from typing import Any
+
 import numpy as np
 import pytest
-import tensorflow as tf
-from tnt_keras import data
+
+# TensorFlow (and tnt_keras, which imports it) come with the `tf` fixture and inside the tests, not
+# at collection (conftest.py).
 
 
-def slices(ds: tf.data.Dataset, size: int) -> list[list[object]]:
+def slices(ds: Any, size: int) -> list[list[object]]:
     """For every rank, the list of its batches."""
+    from tnt_keras import data
+
     return [list(data.slice_batches(ds, rank, size).as_numpy_iterator()) for rank in range(size)]
 
 
@@ -17,7 +23,7 @@ def slices(ds: tf.data.Dataset, size: int) -> list[list[object]]:
 @pytest.mark.parametrize(
     ("rows", "batch", "size"), [(12, 4, 4), (10, 10, 4), (11, 4, 3), (7, 7, 2), (9, 4, 2), (7, 3, 3)]
 )
-def test_slices_cover_every_batch_once_in_order(rows: int, batch: int, size: int) -> None:
+def test_slices_cover_every_batch_once_in_order(tf: ModuleType, rows: int, batch: int, size: int) -> None:
     ds = tf.data.Dataset.range(rows).batch(batch)
     per_rank = slices(ds, size)
     assert len({len(batches) for batches in per_rank}) == 1  # every rank runs the same number of steps
@@ -28,7 +34,9 @@ def test_slices_cover_every_batch_once_in_order(rows: int, batch: int, size: int
         assert [len(p) for p in parts] == [b // size + (r < b % size) for r in range(size)]
 
 
-def test_ragged_sparse_and_dict_elements_are_sliced_alike() -> None:
+def test_ragged_sparse_and_dict_elements_are_sliced_alike(tf: ModuleType) -> None:
+    from tnt_keras import data
+
     ragged = tf.ragged.constant([[1], [2, 2], [3, 3, 3], [4], [5, 5]])
     sparse = tf.sparse.from_dense(np.diag(np.arange(1, 6, dtype=np.float32)))
     ds = tf.data.Dataset.from_tensor_slices(({"r": ragged, "s": sparse}, tf.range(5))).batch(5)
@@ -39,12 +47,16 @@ def test_ragged_sparse_and_dict_elements_are_sliced_alike() -> None:
     np.testing.assert_array_equal(np.concatenate(dense), np.diag(np.arange(1, 6, dtype=np.float32)))
 
 
-def test_a_batch_size_smaller_than_the_ranks_is_refused_up_front() -> None:
+def test_a_batch_size_smaller_than_the_ranks_is_refused_up_front(tf: ModuleType) -> None:
+    from tnt_keras import data
+
     with pytest.raises(ValueError, match="cannot be split over 3 ranks"):
         data.slice_batches(tf.data.Dataset.range(4).batch(2), 0, 3)
 
 
-def test_a_partial_batch_smaller_than_the_ranks_leaves_empty_slices() -> None:
+def test_a_partial_batch_smaller_than_the_ranks_leaves_empty_slices(tf: ModuleType) -> None:
+    from tnt_keras import data
+
     dense, ragged = np.arange(10.0).reshape(5, 2), tf.ragged.constant([[1]] * 5)
     sparse = tf.sparse.from_dense(np.eye(5, dtype=np.float32))
     ds = tf.data.Dataset.from_tensor_slices((dense, ragged, sparse)).batch(4)  # a last batch of 1 on 3 ranks
