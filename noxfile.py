@@ -82,24 +82,13 @@ class SharedEnv:
             session.run(sys.executable, "-m", "virtualenv", "-q", str(self.path), external=True)
         wanted = self.closure(parts)
         plain = [p for p in wanted if p in self.PLAIN and p not in SharedEnv.installed]
-        # Where tnt-comm is built, its build tools come first and the other plain parts install
-        # beside the build, which touches none of their packages: 8 s sooner to the first test.
-        builds_comm = "build" in plain and "comm" in wanted and "comm" not in SharedEnv.installed
-        beside = [p for p in plain if p != "build"] if builds_comm else []
-        first = [p for p in plain if p not in beside]
-        if first:
-            self.pip(*self.requirements(first))
-            SharedEnv.installed.update(first)
-        if beside:
-            SharedEnv.ahead["plain"] = [self.start("python", "-m", "pip", "install", "-q", *self.requirements(beside))]
-        for part in wanted:
-            self.need(part)
+        if plain:
+            self.pip(*(r for p in plain for r in self.PLAIN[p]))
+            SharedEnv.installed.update(plain)
         if {"build", "test"} <= SharedEnv.installed and "keras" not in SharedEnv.installed:
             self.install_ahead()
-
-    @classmethod
-    def requirements(cls, plain: list[str]) -> list[str]:
-        return [r for p in plain for r in cls.PLAIN[p]]
+        for part in wanted:
+            self.need(part)
 
     @classmethod
     def closure(cls, parts: tuple[str, ...]) -> list[str]:
@@ -115,8 +104,8 @@ class SharedEnv:
         """Starts installing in the background what later sessions of this run need, once the
         packages every session shares are in: tnt-keras' requirements (TensorFlow and the rest,
         ~20 s of pip on one core) with tnt-launch, and the example's scikit-learn (a folder of its
-        own), once tnt-comm is built. The tests running meanwhile keep the other core busy. Every
-        later pip into the environment waits for the first (one pip at a time there)."""
+        own). The tests and the build running meanwhile keep the other core busy. Every later pip
+        into the environment waits for the first (one pip at a time there)."""
         if SharedEnv.ahead_started or not runs_later(self.session, "keras", "integration"):
             return
         SharedEnv.ahead_started = True
@@ -170,10 +159,7 @@ class SharedEnv:
         """Installs ``part``, whose requirements are in (``closure`` orders them first)."""
         if part in SharedEnv.installed:
             return
-        if part in self.PLAIN:  # started beside tnt-comm's build (__init__)
-            if not self.finish_ahead("plain"):
-                self.pip(*self.PLAIN[part])  # says what is wrong
-        elif part == "comm":
+        if part == "comm":
             # --no-deps: it touches no package of the background install's, so it need not wait for it.
             self.pip("--force-reinstall", *comm_build(), str(COMM), exclusive=False)
         elif part == "launch":
@@ -202,7 +188,6 @@ class SharedEnv:
         """pip install ``args`` into the environment; ``exclusive``: after the background install
         of tnt-keras' requirements, where one runs (two pips must not install the same package)."""
         if exclusive:
-            self.finish_ahead("plain")
             self.finish_ahead("keras requirements")
         self.run("python", "-m", "pip", "install", "-q", *args, env=env)
 
