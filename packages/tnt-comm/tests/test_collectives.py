@@ -18,11 +18,12 @@ except ImportError:
     pass
 SIZES = [0, 1, 7, 1000, 70_001, 300_001]  # 300_001 float64 spans several 256 KiB chunks
 
-# Every dtype holds the same small integers (exact in each): the data are drawn, and the references
+# Every dtype holds the same small integers (exact in each): the data are drawn (as bytes: twice as
+# fast as 64-bit draws), and the references
 # computed in float64, once per count of elements, and only cast per dtype.
 @functools.cache
 def ints(rank, count):
-    return np.random.default_rng(1000 * rank + count).integers(1, 4, size=count).astype(np.float64)
+    return np.random.default_rng(1000 * rank + count).integers(1, 4, size=count, dtype=np.uint8).astype(np.float64)
 
 def data(rank, count, dtype):
     return ints(rank, count).astype(dtype)
@@ -130,7 +131,9 @@ import numpy as np, tnt_comm as tc
 r = tc.rank()
 x = np.full(1 << 28, r + 1, dtype=np.float32)  # 1 GiB
 tc.allreduce(x, out=x)
-assert x[0] == 3 and x[-1] == 3 and (x == 3).all()
+# Every element is 3, checked without a 256 MiB array of booleans (fresh memory costs seconds of
+# page faults here); NaN would fail both.
+assert x.min() == 3 and x.max() == 3
 print("ok")
 """
     run(2, code, tmp_path, timeout=170)

@@ -21,7 +21,7 @@ r, n = tc.rank(), tc.size()
        dtype=st.sampled_from(["float16", "float32", "float64", "int32", "int64", "uint8"]),
        op=st.sampled_from(["sum", "min", "max"]), seed=st.integers(0, 2**16))
 def check(shape, dtype, op, seed):
-    xs = [np.random.default_rng(seed + q).integers(0, 3, size=shape).astype(dtype) for q in range(n)]
+    xs = [np.random.default_rng(seed + q).integers(0, 3, size=shape, dtype=np.uint8).astype(dtype) for q in range(n)]
     y = tc.allreduce(xs[r], op=op)
     f = {"sum": np.add, "min": np.minimum, "max": np.maximum}[op]
     want = f.reduce(np.stack([x.astype(np.float64) for x in xs]), axis=0)

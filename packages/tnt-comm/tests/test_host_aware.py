@@ -114,7 +114,7 @@ for trial in range(300):
     if key not in groups: groups[key] = tc.new_group(members)
     g = groups[key]
     me = members.index(r)
-    xs = [np.random.default_rng(seed + q).integers(1, 4, size=count).astype(dtype) for q in range(k)]
+    xs = [np.random.default_rng(seed + q).integers(1, 4, size=count, dtype=np.uint8).astype(dtype) for q in range(k)]
     tol = {1: 0, 2: 1e-2, 4: 1e-6, 8: 1e-12}[np.dtype(dtype).itemsize] if op == "avg" else 0
     if op == "prod" and dtype == "float16": tol = 2e-3  # 3**7 > 2048: products round in float16
     ctx = (trial, members, dtype, count, op, kind)
@@ -126,7 +126,7 @@ for trial in range(300):
         assert np.allclose(y.astype(np.float64), expect(op, xs, dtype), rtol=tol, atol=tol), ctx
     elif kind == "fused":
         parts = [max(count // 3, 1), count + 5]
-        ys = [[np.random.default_rng(seed + 7 * q + i).integers(1, 4, size=c).astype(dtype)
+        ys = [[np.random.default_rng(seed + 7 * q + i).integers(1, 4, size=c, dtype=np.uint8).astype(dtype)
                for i, c in enumerate(parts)] for q in range(k)]
         f = tc.FusedAllreduce([((c,), dtype) for c in parts], threshold_bytes=1 << 16, op=op, group=g)
         for i in range(2): f.start(i, ys[me][i])
@@ -136,7 +136,8 @@ for trial in range(300):
             assert np.allclose(got.astype(np.float64), want, rtol=tol, atol=tol), ctx + (i,)
     elif kind == "reduce_scatter":
         if op == "avg": op = "sum"
-        blk = [np.random.default_rng(seed + q).integers(1, 4, size=k * max(count, 1)).astype(dtype) for q in range(k)]
+        blk = [np.random.default_rng(seed + q).integers(1, 4, size=k * max(count, 1), dtype=np.uint8).astype(dtype)
+               for q in range(k)]
         rs = g.reduce_scatter(blk[me], op=op)
         m = max(count, 1)
         e = expect(op, blk, dtype)[me * m:(me + 1) * m]
