@@ -18,6 +18,11 @@ if sys.dont_write_bytecode:
     raise SystemExit("write_bytecode.py: run it with PYTHONDONTWRITEBYTECODE unset and without -B")
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Autograph writes a module per traced function into the temporary folder and deletes it at exit,
+# but not the bytecode written beside it (/tmp/__pycache__, a few files per run): a folder of our
+# own goes with everything in it.
+workdir = tempfile.TemporaryDirectory(prefix="tnt-write-bytecode-")
+tempfile.tempdir = workdir.name
 
 import h5py  # noqa: E402, F401
 import keras  # noqa: E402
@@ -52,3 +57,4 @@ with tempfile.TemporaryDirectory() as tmp:
     keras.models.load_model(Path(tmp, "m.keras"))
     model.export(str(Path(tmp, "exported")), verbose=False)
 print("bytecode written for the modules tnt's tests import")
+workdir.cleanup()
