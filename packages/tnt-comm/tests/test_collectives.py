@@ -18,9 +18,9 @@ except ImportError:
     pass
 SIZES = [0, 1, 7, 1000, 70_001, 300_001]  # 300_001 float64 spans several 256 KiB chunks
 
-# Every dtype holds the same small integers (exact in each): the data are drawn (as bytes: twice as
-# fast as 64-bit draws), and the references
-# computed in float64, once per count of elements, and only cast per dtype.
+# Every dtype holds the same small integers (exact in each): the data are drawn (as bytes, twice as
+# fast as 64-bit draws), and the references computed in float64, once per count of elements, and
+# only cast per dtype.
 @functools.cache
 def ints(rank, count):
     return np.random.default_rng(1000 * rank + count).integers(1, 4, size=count, dtype=np.uint8).astype(np.float64)

@@ -2,41 +2,41 @@
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Any
 
 import pytest
 
-# tnt_keras imports TensorFlow: here inside the tests, not at collection (see conftest.py: tf).
+# TensorFlow comes with the `tf` fixture, and tnt_keras (which imports it) inside the tests: not at
+# collection (conftest.py).
 
 
-def grads(*specs: tuple[int, str]) -> list[Any]:
-    import tensorflow as tf
-
+def grads(tf: ModuleType, *specs: tuple[int, str]) -> list[Any]:
     return [tf.zeros([n], dtype) for n, dtype in specs]
 
 
 F32, F16 = "float32", "float16"
 
 
-def test_buckets_start_from_the_last_gradient_and_reach_the_threshold() -> None:
+def test_buckets_start_from_the_last_gradient_and_reach_the_threshold(tf: ModuleType) -> None:
     from tnt_keras import reduce
 
-    g = grads((10, F32), (100, F32), (5, F32), (20, F32))  # 40, 400, 20, 80 bytes
+    g = grads(tf, (10, F32), (100, F32), (5, F32), (20, F32))  # 40, 400, 20, 80 bytes
     assert reduce.plan_buckets(g, 100) == [[3, 2], [1], [0]]
     assert reduce.plan_buckets(g, 1 << 20) == [[3, 2, 1, 0]]
 
 
-def test_threshold_zero_sends_every_gradient_alone() -> None:
+def test_threshold_zero_sends_every_gradient_alone(tf: ModuleType) -> None:
     from tnt_keras import reduce
 
-    g = grads((10, F32), (100, F32), (5, F32))
+    g = grads(tf, (10, F32), (100, F32), (5, F32))
     assert reduce.plan_buckets(g, 0) == [[2], [1], [0]]
 
 
-def test_buckets_never_mix_dtypes_and_skip_missing_gradients() -> None:
+def test_buckets_never_mix_dtypes_and_skip_missing_gradients(tf: ModuleType) -> None:
     from tnt_keras import reduce
 
-    g: list[Any] = [*grads((10, F32), (10, F16)), None, *grads((10, F32))]
+    g: list[Any] = [*grads(tf, (10, F32), (10, F16)), None, *grads(tf, (10, F32))]
     assert reduce.plan_buckets(g, 1 << 20) == [[3], [1], [0]]
 
 
