@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import secrets
 import signal
 import socket
@@ -15,9 +16,20 @@ from pathlib import Path
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port that is free now, for a job's rank 0 to listen on once it has started. Picked from
+    below 10240: the kernel hands out ports from its ephemeral range (Linux: 32768-60999) to every
+    outgoing connection, and the tests running beside make hundreds, one of which once took a port
+    picked there before rank 0 bound it; tnt-comm picks GPI-2's ports from 10240 to 32767."""
+    rng = random.SystemRandom()
+    for _ in range(64):
+        port = rng.randrange(2048, 10240)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port between 2048 and 10239 in 64 tries")
 
 
 # TNT_TEST_TRANSPORT=gpi2 runs every job of the suite over GPI-2: TNT_TRANSPORT=gpi2 joins every
