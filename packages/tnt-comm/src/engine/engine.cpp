@@ -14,6 +14,11 @@
 #endif
 
 namespace tnt {
+namespace {
+
+constexpr int kBlockedSpinUs = 1000;
+
+}  // namespace
 
 Engine::Engine(Fabric& fabric, double stall_timeout_s, bool oversubscribed)
     : fabric_(fabric), stall_timeout_s_(stall_timeout_s), oversubscribed_(oversubscribed) {
@@ -170,15 +175,18 @@ bool Engine::drive(Operation* target, Deadline deadline) {
       continue;
     }
     if (now >= deadline) return false;
-    wait_for_doorbell(seen, deadline, stall);
+    wait_for_doorbell(seen, deadline, stall, target != nullptr);
   }
 }
 
-void Engine::wait_for_doorbell(std::uint32_t seen, Deadline deadline, Deadline stall) {
+void Engine::wait_for_doorbell(std::uint32_t seen, Deadline deadline, Deadline stall, bool caller_blocked) {
   Doorbell bell = fabric_.doorbell();
   // Spin first: a peer's next message is usually microseconds away. On an oversubscribed host,
-  // yield on every turn so the peer we wait for can run on our core.
-  const auto spin = std::chrono::microseconds(oversubscribed_ ? 200 : 50);
+  // yield on every turn so the peer we wait for can run on our core. A caller blocked in its call
+  // has nothing else to do: it spins longer (a peer's part of a large allreduce on many ranks is
+  // often over 50 us away), since every sleep costs the ringing peer a futex wake and the sleeper
+  // a scheduler wake-up. The progress thread spins briefly: compute may want its core.
+  const auto spin = std::chrono::microseconds(oversubscribed_ ? 200 : caller_blocked ? kBlockedSpinUs : 50);
   const Deadline spin_end = Clock::now() + spin;
   for (int i = 0;; ++i) {
     if (bell.value() != seen) return;

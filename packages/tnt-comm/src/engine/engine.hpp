@@ -44,7 +44,8 @@ class Engine {
   void fail_all();
   // The fabric's failure as an exception (fallback if there is none).
   std::exception_ptr failure_or(std::exception_ptr fallback) const;
-  void wait_for_doorbell(std::uint32_t seen, Deadline deadline, Deadline stall);
+  // Spins, then sleeps on the doorbell until it moves past `seen` or a deadline passes.
+  void wait_for_doorbell(std::uint32_t seen, Deadline deadline, Deadline stall, bool caller_blocked);
   // Fails the job if an operation still needs a peer that has finalized and left.
   void check_departed(const std::vector<bool>& gone);
   // Fails the job with a timeout that names the ranks holding `stuck` up, after asking them.
