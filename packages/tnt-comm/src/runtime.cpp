@@ -119,7 +119,9 @@ Runtime::Runtime(const Identity& identity) : identity_(identity) {
     }
   }
   const bool oversubscribed = identity_.local_size > cpus_available();
-  engine_ = std::make_unique<Engine>(*fabric_, identity_.timeout_s, oversubscribed);
+  std::vector<Channel*> channels;
+  for (const auto& c : channels_) channels.push_back(c.get());
+  engine_ = std::make_unique<Engine>(*fabric_, std::move(channels), identity_.timeout_s, oversubscribed);
 }
 
 Runtime::~Runtime() {

@@ -21,7 +21,7 @@ class AllreduceOneShot final : public Operation {
         count_(count),
         dtype_(dtype),
         op_(op),
-        got_(static_cast<std::size_t>(members_->size()), nullptr),
+        got_(static_cast<std::size_t>(members_->size()), false),
         index_(static_cast<std::size_t>(members_->size()), 0) {}
 
   void reserve() override {
@@ -43,12 +43,10 @@ class AllreduceOneShot final : public Operation {
         sends_[i].send(desc_, 0, in_, bytes);
         advanced = true;
       }
-      if (got_[i] == nullptr) {
-        if (const MessageHeader* h = recvs_[i].next(desc_, &index_[i])) {
-          got_[i] = h;
-          ++received_;
-          advanced = true;
-        }
+      if (!got_[i] && recvs_[i].next(desc_, &index_[i]) != nullptr) {
+        got_[i] = true;
+        ++received_;
+        advanced = true;
       }
     }
     if (received_ + 1 < members_->size()) return advanced ? Progress::advanced : Progress::idle;
@@ -59,7 +57,7 @@ class AllreduceOneShot final : public Operation {
     std::vector<const void*> inputs(static_cast<std::size_t>(members_->size()));
     for (int p = 0; p < members_->size(); ++p) {
       auto i = static_cast<std::size_t>(p);
-      inputs[i] = p == members_->me ? in_ : recvs_[i].payload(got_[i]);
+      inputs[i] = p == members_->me ? in_ : recvs_[i].payload_at(index_[i]);
     }
     reduce(dtype_, op_, out_, inputs.data(), members_->size(), count_);
     for (int p = 0; p < members_->size(); ++p) {
@@ -74,8 +72,8 @@ class AllreduceOneShot final : public Operation {
   std::size_t count_;
   DType dtype_;
   ReduceOp op_;
-  std::vector<const MessageHeader*> got_;
-  std::vector<std::uint64_t> index_;
+  std::vector<bool> got_;               // by member: its message has arrived
+  std::vector<std::uint64_t> index_;   // and its index, for payload_at()
   int received_ = 0;
 };
 
@@ -154,7 +152,6 @@ class ReduceToOwners final : public Operation {
     const auto n = static_cast<std::size_t>(members_->size());
     const auto me = static_cast<std::size_t>(members_->me);
     my_chunks_ = chunks(length(me));
-    pending_.assign(my_chunks_ * n, nullptr);
     pending_index_.assign(my_chunks_ * n, 0);
     arrived_.assign(my_chunks_, 0);
     first_sent_.assign(n, 0);
@@ -194,9 +191,7 @@ class ReduceToOwners final : public Operation {
           if (h->bytes > 0) std::memcpy(out_full_ + offsets_[p] + c * p_bytes, recvs_[p].payload(h), h->bytes);
           recvs_[p].consume(index);
         } else {
-          const std::size_t slot = static_cast<std::size_t>(h->tag) * n + p;
-          pending_[slot] = h;
-          pending_index_[slot] = index;
+          pending_index_[static_cast<std::size_t>(h->tag) * n + p] = index;
           ++arrived_[h->tag];
         }
       }
@@ -214,7 +209,7 @@ class ReduceToOwners final : public Operation {
       const std::size_t c = reduced_;
       for (std::size_t p = 0; p < n; ++p) {
         inputs_[p] = p == me ? static_cast<const void*>(in_ + offsets_[me] + c * p_bytes)
-                             : recvs_[p].payload(pending_[c * n + p]);
+                             : recvs_[p].payload_at(pending_index_[c * n + p]);
       }
       const std::size_t bytes = chunk_bytes(length(me), c);
       reduce(dtype_, op_, out_mine_ + c * p_bytes, inputs_.data(), static_cast<int>(n),
@@ -266,8 +261,7 @@ class ReduceToOwners final : public Operation {
   bool gather_;
   std::uint64_t my_chunks_ = 0;
   std::uint64_t reduced_ = 0;
-  std::vector<const MessageHeader*> pending_;  // [chunk * n + member]
-  std::vector<std::uint64_t> pending_index_;
+  std::vector<std::uint64_t> pending_index_;  // [chunk * n + member]: the part's message index
   std::vector<std::size_t> arrived_;  // peers' parts received, per chunk
   std::vector<std::uint64_t> first_sent_, results_sent_;
   std::vector<const void*> inputs_;

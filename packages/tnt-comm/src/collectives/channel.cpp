@@ -1,6 +1,7 @@
 #include "collectives/channel.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <sstream>
 
 #include "tnt_comm/types.hpp"
@@ -137,9 +138,14 @@ void Channel::consume(std::uint64_t key, std::uint64_t index) {
     s.consumed.pop_front();
     ++s.first;
   }
+  if (!relieved_.empty() && relieved_.erase(channel_index) != 0) return;  // its slot was freed then
   done_[channel_index % static_cast<std::uint64_t>(slots_)] = true;
-  std::uint64_t before = consumed_;
-  while (done_[consumed_ % static_cast<std::uint64_t>(slots_)]) {
+  release();
+}
+
+void Channel::release() {
+  const std::uint64_t before = consumed_;
+  while (consumed_ < sorted_ && done_[consumed_ % static_cast<std::uint64_t>(slots_)]) {
     done_[consumed_ % static_cast<std::uint64_t>(slots_)] = false;
     ++consumed_;
   }
@@ -150,6 +156,30 @@ void Channel::consume(std::uint64_t key, std::uint64_t index) {
       // The peer is gone; the receiver thread reports it.
     }
   }
+}
+
+bool Channel::window_full() {
+  sort_arrivals();
+  return sorted_ - consumed_ >= static_cast<std::uint64_t>(slots_);
+}
+
+std::size_t Channel::relieve() {
+  if (!window_full()) return 0;
+  std::size_t moved = 0;
+  for (std::uint64_t i = consumed_; i < sorted_; ++i) {
+    const auto slot = static_cast<std::size_t>(i % static_cast<std::uint64_t>(slots_));
+    if (done_[slot]) continue;
+    const MessageHeader* h = header_at(i);
+    // The header's line, then the payload, as in the slot (a bare header has no payload line).
+    const std::size_t bytes = h->bytes == 0 ? sizeof(MessageHeader) : 64 + static_cast<std::size_t>(h->bytes);
+    std::vector<std::byte> copy(std::max<std::size_t>(bytes, 64));
+    std::memcpy(copy.data(), h, bytes);
+    relieved_.emplace(i, std::move(copy));
+    done_[slot] = true;
+    ++moved;
+  }
+  release();
+  return moved;
 }
 
 }  // namespace tnt

@@ -10,8 +10,10 @@
 // thread's operations were submitted, on this rank or on the peer.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <unordered_map>
 #include <vector>
 
 #include "collectives/descriptor.hpp"
@@ -39,6 +41,15 @@ class Channel {
   const MessageHeader* peek(std::uint64_t key, std::uint64_t index);
   // Frees the slot of that message (messages may be consumed out of order within the window).
   void consume(std::uint64_t key, std::uint64_t index);
+  // When every slot the peer writes into holds a message not consumed yet, so that the peer can
+  // send nothing more, copies those messages into memory of this rank's own and frees their
+  // slots. Without this, operations of different groups that share this pair of ranks could wait
+  // on each other: one group's messages that cannot be used yet would hold back the slots another
+  // group's messages need. Returns how many messages moved. peek() then finds them where they
+  // went; a pointer it returned earlier no longer points to them (operations keep indices).
+  std::size_t relieve();
+  // Whether the peer can send us nothing more until a message is consumed or relieved.
+  bool window_full();
   // Messages written to the peer that it has not consumed yet (read once the engine is drained).
   std::uint64_t unconsumed() const { return sent_ - acked_->load(std::memory_order_acquire); }
   // Operations taken in by the engine will read stream `key` up to message `end`.
@@ -62,8 +73,14 @@ class Channel {
   Stream& stream(std::uint64_t key);
   void sort_arrivals();
   const MessageHeader* header_at(std::uint64_t channel_index) const {
+    if (!relieved_.empty()) {
+      auto it = relieved_.find(channel_index);
+      if (it != relieved_.end()) return reinterpret_cast<const MessageHeader*>(it->second.data());
+    }
     return reinterpret_cast<const MessageHeader*>(mine_.base + mine_.layout.slot_offset(peer_, channel_index));
   }
+  // Advances `consumed_` over the freed slots and tells the peer.
+  void release();
 
   int me_;
   int peer_;
@@ -78,7 +95,9 @@ class Channel {
   std::uint64_t sent_ = 0;                     // messages written to the peer, all streams
   std::uint64_t sorted_ = 0;                   // arrivals already filed under their stream
   std::uint64_t consumed_ = 0;                 // every message below this one is consumed
-  std::vector<bool> done_;                     // consumed flags of the window after `consumed_`
+  std::vector<bool> done_;                     // freed flags of the window after `consumed_`
+  // Messages moved out of their slots by relieve(), by channel index: header line, then payload.
+  std::unordered_map<std::uint64_t, std::vector<std::byte>> relieved_;
 };
 
 }  // namespace tnt

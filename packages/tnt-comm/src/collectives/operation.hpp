@@ -74,6 +74,10 @@ class RecvStream {
   const std::byte* payload(const MessageHeader* header) const {
     return reinterpret_cast<const std::byte*>(header) + 64;
   }
+  // The payload of message `index`, examined earlier and not consumed yet. An operation that keeps
+  // a message across progress() calls looks it up again here: the engine may have moved it out of
+  // its slot in between (Channel::relieve), so a pointer from next() is good only until it returns.
+  const std::byte* payload_at(std::uint64_t index) const { return payload(channel_->peek(key_, base_ + index)); }
   void consume(std::uint64_t index) {
     channel_->consume(key_, base_ + index);
     ++consumed_;

@@ -17,11 +17,18 @@ namespace tnt {
 namespace {
 
 constexpr int kBlockedSpinUs = 1000;
+// After this long without progress, full message windows are relieved (Channel::relieve): long
+// enough that a rank waiting on a slow peer in a large allreduce rarely copies anything, short
+// enough that operations of different groups waiting on each other's slots lose little time.
+constexpr auto kReliefAfter = std::chrono::milliseconds(10);
 
 }  // namespace
 
-Engine::Engine(Fabric& fabric, double stall_timeout_s, bool oversubscribed)
-    : fabric_(fabric), stall_timeout_s_(stall_timeout_s), oversubscribed_(oversubscribed) {
+Engine::Engine(Fabric& fabric, std::vector<Channel*> channels, double stall_timeout_s, bool oversubscribed)
+    : fabric_(fabric),
+      channels_(std::move(channels)),
+      stall_timeout_s_(stall_timeout_s),
+      oversubscribed_(oversubscribed) {
   fabric_.set_status([this](std::uint64_t key, std::uint64_t seq) { return status(key, seq); });
   thread_ = std::thread([this] { thread_main(); });
 }
@@ -120,6 +127,7 @@ void Engine::fail_all() {
 bool Engine::drive(Operation* target, Deadline deadline) {
   Doorbell bell = fabric_.doorbell();
   Deadline stall = deadline_after(stall_timeout_s_);
+  Deadline relief = Clock::now() + kReliefAfter;
   std::vector<bool> gone;  // peers known to have left before this pass began
   while (true) {
     if (target != nullptr && target->completed()) return true;
@@ -163,6 +171,7 @@ bool Engine::drive(Operation* target, Deadline deadline) {
                   active_.end());
     if (advanced || fabric_.failed()) {
       stall = deadline_after(stall_timeout_s_);
+      relief = Clock::now() + kReliefAfter;
       continue;
     }
     if (!gone.empty() && !active_.empty()) {
@@ -175,11 +184,21 @@ bool Engine::drive(Operation* target, Deadline deadline) {
       continue;
     }
     if (now >= deadline) return false;
-    wait_for_doorbell(seen, deadline, stall, target != nullptr);
+    // Quiet for a while: free the slots of peers that can send nothing more. Every message those
+    // peers still have for us can then land, whatever order our operations use them in, so
+    // operations that wait on each other across groups all complete. Full windows refilled while
+    // we stay quiet are relieved as they fill (the peers' writes ring our doorbell).
+    if (now >= relief) {
+      for (Channel* c : channels_) {
+        if (c != nullptr) c->relieve();
+      }
+    }
+    wait_for_doorbell(seen, std::min({deadline, stall, now >= relief ? Deadline::max() : relief}),
+                      target != nullptr);
   }
 }
 
-void Engine::wait_for_doorbell(std::uint32_t seen, Deadline deadline, Deadline stall, bool caller_blocked) {
+void Engine::wait_for_doorbell(std::uint32_t seen, Deadline until, bool caller_blocked) {
   Doorbell bell = fabric_.doorbell();
   // Spin first: a peer's next message is usually microseconds away. On an oversubscribed host,
   // yield on every turn so the peer we wait for can run on our core. A caller blocked in its call
@@ -197,7 +216,6 @@ void Engine::wait_for_doorbell(std::uint32_t seen, Deadline deadline, Deadline s
     }
     if ((i & 15) == 15 && Clock::now() >= spin_end) break;
   }
-  Deadline until = std::min(deadline, stall);
   bell.sleep(seen, std::min(0.5, seconds_left(until)));
 }
 

@@ -22,7 +22,9 @@ namespace tnt {
 
 class Engine {
  public:
-  Engine(Fabric& fabric, double stall_timeout_s, bool oversubscribed);
+  // `channels`: this rank's channels by world rank (nullptr for itself), which the engine relieves
+  // when no operation has progressed for a while (Channel::relieve).
+  Engine(Fabric& fabric, std::vector<Channel*> channels, double stall_timeout_s, bool oversubscribed);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -44,8 +46,8 @@ class Engine {
   void fail_all();
   // The fabric's failure as an exception (fallback if there is none).
   std::exception_ptr failure_or(std::exception_ptr fallback) const;
-  // Spins, then sleeps on the doorbell until it moves past `seen` or a deadline passes.
-  void wait_for_doorbell(std::uint32_t seen, Deadline deadline, Deadline stall, bool caller_blocked);
+  // Spins, then sleeps on the doorbell until it moves past `seen` or `until` passes.
+  void wait_for_doorbell(std::uint32_t seen, Deadline until, bool caller_blocked);
   // Fails the job if an operation still needs a peer that has finalized and left.
   void check_departed(const std::vector<bool>& gone);
   // Fails the job with a timeout that names the ranks holding `stuck` up, after asking them.
@@ -54,6 +56,7 @@ class Engine {
   std::string status(std::uint64_t key, std::uint64_t seq);
 
   Fabric& fabric_;
+  std::vector<Channel*> channels_;  // touched only by the driver
   double stall_timeout_s_;
   bool oversubscribed_;
 

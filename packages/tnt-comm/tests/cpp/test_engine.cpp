@@ -124,6 +124,27 @@ int child(int rank, int size, int port, const std::string& transport) {
   t1.join();
   t2.join();
   world.barrier();
+  // Non-blocking allreduces of several message windows each, in flight at once on three groups
+  // of the same ranks (one in reversed order), started in the same order everywhere and waited
+  // for in that order: a legal program, which needs the receivers to relieve full windows
+  // (Channel::relieve) when one group's messages hold the slots another group's need.
+  {
+    std::vector<int> reversed(all.rbegin(), all.rend());
+    std::vector<std::shared_ptr<Group>> groups = {rt.new_group(all), rt.new_group(reversed), rt.new_group(all)};
+    const std::size_t sizes[] = {300001, 7, 120000, 300001, 52581, 200000, 1, 300001};
+    std::vector<std::vector<double>> xs;
+    std::vector<Work> inflight;
+    for (std::size_t i = 0; i < 8; ++i) xs.emplace_back(sizes[i], static_cast<double>(rank + 1));
+    for (std::size_t i = 0; i < 8; ++i) {
+      Group& g = *groups[(i * 5 + 1) % groups.size()];
+      inflight.push_back(g.allreduce_async(xs[i].data(), xs[i].data(), xs[i].size(), DType::float64, ReduceOp::sum));
+    }
+    for (std::size_t i = 0; i < 8; ++i) {
+      inflight[i].wait();
+      CHECK(xs[i].front() == size * (size + 1) / 2.0 && xs[i].back() == size * (size + 1) / 2.0);
+    }
+  }
+  world.barrier();
   Runtime::finalize();
   // After finalize, kept handles raise instead of touching freed state.
   bool refused = false;
