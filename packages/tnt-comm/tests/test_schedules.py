@@ -40,14 +40,13 @@ def check(got, want, what):
         raise AssertionError(what)
 
 
-# One call, drawn as four values (each value drawn costs hypothesis about as much as a small
-# collective here, so the lesser choices share one): what, on which group, how much (its last two
-# digits choose the size band: 4% several 256 KiB chunks, which fill message windows, 26%
-# medium), and the rest mixed into one number: dtype, blocking or not, who sends, the fused
-# tensors' start order, whether to wait for a call in flight afterwards, and which.
-CALL = st.tuples(
-    st.sampled_from(KINDS), st.integers(0, len(GROUPS) - 1), st.integers(0, 10**8), st.integers(0, 1 << 30)
-)
+# One call, drawn as a size class (1 in 40 several 256 KiB chunks, which fill message windows;
+# 10 in 40 medium) and one number that holds the rest (each value drawn costs hypothesis about as
+# much as a small collective here, so a call's other choices share one): what, on which group, how
+# many elements, dtype, blocking or not, who sends, the fused tensors' start order, whether to wait
+# for a call in flight afterwards, and which.
+SIZES = ["small"] * 29 + ["medium"] * 10 + ["large"]
+CALL = st.tuples(st.integers(0, (1 << 63) - 1), st.sampled_from(SIZES))
 # A program: 1-24 calls, then the seed of the order in which the calls still in flight at its end
 # are waited for.
 PROGRAM = st.tuples(st.lists(CALL, min_size=1, max_size=24), st.integers(0, 1 << 32))
@@ -58,11 +57,18 @@ def plan(c, call):
     # (group index, blocking, launch, wait): launch() makes the call on a member and returns
     # (result, checks): a Work (or "fused") to wait for before the checks, or a blocking call's
     # result; None for ranks outside the group. wait: None, or which call in flight to wait for.
-    kind, gi, amount, mixed = c
-    band, value = amount % 100, amount // 100
-    count = (40_000, 100_001, 300_001)[value % 3] if band < 4 else 65 + value % 4_936 if band < 30 else value % 65
+    mixed, size = c
+    # Hypothesis favours small numbers, which would leave the higher choices below at their
+    # first value most of the time: a bijective scramble spreads them evenly.
+    mixed = (mixed * 0x9E3779B97F4A7C15) % (1 << 64)
+    mixed ^= mixed >> 29
+    mixed, kind = divmod(mixed, len(KINDS))
+    mixed, gi = divmod(mixed, len(GROUPS))
+    mixed, value = divmod(mixed, 5_000)
+    kind = KINDS[kind]
+    count = {"large": (40_000, 100_001, 300_001)[value % 3], "medium": 65 + value % 4_936, "small": value % 65}[size]
     mixed, di = divmod(mixed, len(DTYPES))
-    mixed, blocking = divmod(mixed, 2)
+    mixed, blocking = divmod(mixed, 4)  # 1 in 4 blocking
     mixed, root_i = divmod(mixed, 4)
     mixed, other_i = divmod(mixed, 3)
     mixed, order_i = divmod(mixed, len(ORDERS))
@@ -70,7 +76,7 @@ def plan(c, call):
     members = GROUPS[gi]
     root = members[root_i % len(members)]
     other = [m for m in members if m != root][other_i % (len(members) - 1)]
-    blocking = bool(blocking) or kind == "allgatherv"  # which has no non-blocking form
+    blocking = blocking == 0 or kind == "allgatherv"  # which has no non-blocking form
     wait = which if wait_now == 0 else None
     g = groups[gi]
     if g is None:
