@@ -14,11 +14,10 @@ using Deadline = Clock::time_point;
 // would overflow the clock and land in the past.
 constexpr double kForeverSeconds = 1e9;
 
-inline Deadline deadline_after(double seconds) {
+inline Deadline deadline_after(double seconds, Deadline from = Clock::now()) {
   if (!(seconds < kForeverSeconds)) return Deadline::max();  // also NaN: never a deadline in the past
-  if (seconds <= 0) return Clock::now();
-  return Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                            std::chrono::duration<double>(seconds));
+  if (seconds <= 0) return from;
+  return from + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
 }
 
 // "10 s", "1.5 s" or "no limit", for messages.

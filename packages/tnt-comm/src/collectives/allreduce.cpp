@@ -21,7 +21,6 @@ class AllreduceOneShot final : public Operation {
         count_(count),
         dtype_(dtype),
         op_(op),
-        got_(static_cast<std::size_t>(members_->size()), false),
         index_(static_cast<std::size_t>(members_->size()), 0) {}
 
   void reserve() override {
@@ -43,8 +42,7 @@ class AllreduceOneShot final : public Operation {
         sends_[i].send(desc_, 0, in_, bytes);
         advanced = true;
       }
-      if (!got_[i] && recvs_[i].next(desc_, &index_[i]) != nullptr) {
-        got_[i] = true;
+      if (!recvs_[i].all_examined() && recvs_[i].next(desc_, &index_[i]) != nullptr) {
         ++received_;
         advanced = true;
       }
@@ -72,8 +70,7 @@ class AllreduceOneShot final : public Operation {
   std::size_t count_;
   DType dtype_;
   ReduceOp op_;
-  std::vector<bool> got_;               // by member: its message has arrived
-  std::vector<std::uint64_t> index_;   // and its index, for payload_at()
+  std::vector<std::uint64_t> index_;  // by member: its message's index, for payload_at()
   int received_ = 0;
 };
 
@@ -101,10 +98,10 @@ class RecursiveDoubling final : public Operation {
       const auto p = static_cast<std::size_t>(partner(round_));
       // Round 0 sends the input, later rounds the running result in out; a send copies the data
       // out at once, so out may be overwritten right after it.
-      if (!sent_) {
+      if (!sends_[p].finished()) {
         if (!sends_[p].ready()) break;
         sends_[p].send(desc_, static_cast<std::uint32_t>(round_), round_ == 0 ? in_ : out_, bytes);
-        sent_ = advanced = true;
+        advanced = true;
       }
       std::uint64_t index;
       const MessageHeader* h = recvs_[p].next(desc_, &index);
@@ -116,7 +113,6 @@ class RecursiveDoubling final : public Operation {
       reduce(dtype_, op_, out_, inputs, 2, count_);
       recvs_[p].consume(index);
       ++round_;
-      sent_ = false;
       advanced = true;
     }
     if (round_ == rounds_ && streams_finished()) return Progress::done;
@@ -133,7 +129,6 @@ class RecursiveDoubling final : public Operation {
   ReduceOp op_;
   int rounds_ = 0;
   int round_ = 0;
-  bool sent_ = false;
 };
 
 // Region m of the buffer is owned by member m; it is processed in payload-sized chunks.

@@ -163,9 +163,8 @@ bool Channel::window_full() {
   return sorted_ - consumed_ >= static_cast<std::uint64_t>(slots_);
 }
 
-std::size_t Channel::relieve() {
-  if (!window_full()) return 0;
-  std::size_t moved = 0;
+void Channel::relieve() {
+  if (!window_full()) return;
   for (std::uint64_t i = consumed_; i < sorted_; ++i) {
     const auto slot = static_cast<std::size_t>(i % static_cast<std::uint64_t>(slots_));
     if (done_[slot]) continue;
@@ -176,10 +175,8 @@ std::size_t Channel::relieve() {
     std::memcpy(copy.data(), h, bytes);
     relieved_.emplace(i, std::move(copy));
     done_[slot] = true;
-    ++moved;
   }
   release();
-  return moved;
 }
 
 }  // namespace tnt

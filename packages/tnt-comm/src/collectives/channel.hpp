@@ -45,11 +45,9 @@ class Channel {
   // send nothing more, copies those messages into memory of this rank's own and frees their
   // slots. Without this, operations of different groups that share this pair of ranks could wait
   // on each other: one group's messages that cannot be used yet would hold back the slots another
-  // group's messages need. Returns how many messages moved. peek() then finds them where they
-  // went; a pointer it returned earlier no longer points to them (operations keep indices).
-  std::size_t relieve();
-  // Whether the peer can send us nothing more until a message is consumed or relieved.
-  bool window_full();
+  // group's messages need. peek() then finds them where they went; a pointer it returned earlier
+  // no longer points to them (operations keep indices).
+  void relieve();
   // Messages written to the peer that it has not consumed yet (read once the engine is drained).
   std::uint64_t unconsumed() const { return sent_ - acked_->load(std::memory_order_acquire); }
   // Operations taken in by the engine will read stream `key` up to message `end`.
@@ -81,6 +79,8 @@ class Channel {
   }
   // Advances `consumed_` over the freed slots and tells the peer.
   void release();
+  // Whether the peer can send us nothing more until a message is consumed or relieved.
+  bool window_full();
 
   int me_;
   int peer_;

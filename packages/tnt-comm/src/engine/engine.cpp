@@ -126,8 +126,7 @@ void Engine::fail_all() {
 
 bool Engine::drive(Operation* target, Deadline deadline) {
   Doorbell bell = fabric_.doorbell();
-  Deadline stall = deadline_after(stall_timeout_s_);
-  Deadline relief = Clock::now() + kReliefAfter;
+  Deadline moved = Clock::now();  // when a pass last advanced an operation
   std::vector<bool> gone;  // peers known to have left before this pass began
   while (true) {
     if (target != nullptr && target->completed()) return true;
@@ -170,8 +169,7 @@ bool Engine::drive(Operation* target, Deadline deadline) {
                                  [](const auto& op) { return op->completed(); }),
                   active_.end());
     if (advanced || fabric_.failed()) {
-      stall = deadline_after(stall_timeout_s_);
-      relief = Clock::now() + kReliefAfter;
+      moved = Clock::now();
       continue;
     }
     if (!gone.empty() && !active_.empty()) {
@@ -179,6 +177,8 @@ bool Engine::drive(Operation* target, Deadline deadline) {
       if (fabric_.failed()) continue;
     }
     const Deadline now = Clock::now();
+    const Deadline stall = deadline_after(stall_timeout_s_, moved);
+    const Deadline relief = moved + kReliefAfter;
     if (now >= stall && !active_.empty()) {
       fail_stalled(*active_.front());
       continue;
