@@ -112,20 +112,31 @@ PYBIND11_MODULE(_core, m) {
   }();
   m.attr("Timeout") = timeout_type;
   py::register_exception_translator([](std::exception_ptr p) {
+    // The Python exception carries the error's data as attributes (tnt_comm's docs list them).
+    auto raise = [](py::handle type, const tnt::Error& e) {
+      const tnt::ErrorDetail& d = e.detail();
+      py::object exc = py::reinterpret_borrow<py::object>(type)(e.what());
+      exc.attr("ranks") = py::cast(d.ranks);
+      exc.attr("operation") = d.operation.empty() ? py::none() : py::object(py::str(d.operation));
+      exc.attr("group") = d.group == 0 ? py::none() : py::object(py::int_(d.group));
+      exc.attr("call") = d.call < 0 ? py::none() : py::object(py::int_(d.call));
+      exc.attr("mine") = d.mine.empty() ? py::none() : py::object(py::str(d.mine));
+      exc.attr("theirs") = d.theirs.empty() ? py::none() : py::object(py::str(d.theirs));
+      PyErr_SetObject(type.ptr(), exc.ptr());
+      return exc;
+    };
     try {
       if (p) std::rethrow_exception(p);
     } catch (const tnt::PeerFailure& e) {
-      py::object exc = py::reinterpret_borrow<py::object>(peer_failure)(e.what());
-      exc.attr("rank") = e.rank();
-      PyErr_SetObject(peer_failure.ptr(), exc.ptr());
+      raise(peer_failure, e).attr("rank") = e.rank();
     } catch (const tnt::CollectiveMismatch& e) {
-      py::set_error(mismatch, e.what());
+      raise(mismatch, e);
     } catch (const tnt::Timeout& e) {
-      PyErr_SetString(timeout_type.ptr(), e.what());
+      raise(timeout_type, e);
     } catch (const tnt::InvalidArgument& e) {
-      py::set_error(invalid, e.what());
+      raise(invalid, e);
     } catch (const tnt::Error& e) {
-      py::set_error(base, e.what());
+      raise(base, e);
     }
   });
 
@@ -183,7 +194,8 @@ PYBIND11_MODULE(_core, m) {
   py::class_<tnt::Group, std::shared_ptr<tnt::Group>>(m, "Group")
       .def_property_readonly("rank", &tnt::Group::rank)
       .def_property_readonly("size", &tnt::Group::size)
-      .def_property_readonly("ranks", &tnt::Group::world_ranks);
+      .def_property_readonly("ranks", &tnt::Group::world_ranks)
+      .def_property_readonly("id", &tnt::Group::id);
 
   m.def("world", [] { return tnt::Runtime::init().world_group(); });
   m.def("new_group", [](std::vector<int> ranks) { return tnt::Runtime::init().new_group(std::move(ranks)); });

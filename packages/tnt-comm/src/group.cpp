@@ -157,8 +157,11 @@ void Group::refuse_second_thread(Runtime& rt, const char* what) {
       ranks + "] at once (" + what + " while another thread waits in " + blocked_call_ +
       "). The ranks could pair different calls, so tnt-comm refuses this on every rank: a group "
       "takes its calls from one thread at a time; give each thread its own group (new_group)";
-  rt.fabric().fail(FailureKind::mismatch, world_rank_, message, true);
-  throw CollectiveMismatch(message);
+  ErrorDetail detail;
+  detail.ranks = {world_rank_};
+  detail.group = id_;
+  rt.fabric().fail(FailureKind::mismatch, detail, message, true);
+  throw CollectiveMismatch(message, std::move(detail));
 }
 
 Work Group::submit(Runtime& rt, const std::shared_ptr<Operation>& op, bool background,

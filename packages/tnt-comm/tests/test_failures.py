@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -33,15 +34,28 @@ try:
     else:
         {others}
 except tc.CollectiveMismatch as e:
+    import json
+    fields = dict(ranks=e.ranks, operation=e.operation, group=e.group, call=e.call, mine=e.mine, theirs=e.theirs)
+    print(json.dumps(fields))
     print("MISMATCH", e)
 else:
     print("NO ERROR")
 """
     results = Job(3, code, tmp_path, env={"TNT_TIMEOUT_S": "30"}).wait(50)
+    world = None
     for res in results:
         assert "MISMATCH" in res.stdout, (res.rank, res.stdout, res.stderr[-2000:])
         # The message names both sides: rank 0's call and another rank's call.
         assert "rank 0" in res.stdout and ("rank 1" in res.stdout or "rank 2" in res.stdout)
+        # ... and so do the error's fields, as data: the rank that saw the mismatch blames one
+        # that disagrees with it; the others got the same error from it.
+        fields = json.loads(res.stdout.splitlines()[0])
+        assert len(fields["ranks"]) == 1 and fields["ranks"][0] in (0, 1, 2), fields
+        assert fields["operation"] in ("allreduce", "broadcast") and fields["call"] in (0, 1), fields
+        assert fields["mine"] and fields["theirs"] and fields["mine"] != fields["theirs"], fields
+        assert fields["mine"] in res.stdout and fields["theirs"] in res.stdout
+        world = fields["group"] if world is None else world
+        assert fields["group"] == world and isinstance(world, int), fields
 
 
 @pytest.mark.timeout(60)
@@ -59,7 +73,7 @@ try:
     for _ in range(1000):
         tc.allreduce(x)
 except tc.PeerFailure as e:
-    print("PEER", e.rank, round(time.monotonic() - t, 2), e)
+    print("PEER", e.rank, round(time.monotonic() - t, 2), e.ranks, e.operation, e)
 """
     job = Job(4, code, tmp_path, env={"TNT_TIMEOUT_S": "60"})
     results = job.wait(50)
@@ -70,6 +84,7 @@ except tc.PeerFailure as e:
         assert res.stdout.startswith("PEER 2 "), (res.rank, res.stdout, res.stderr[-2000:])
         assert float(res.stdout.split()[2]) < 10
         assert "rank 2" in res.stdout
+        assert res.stdout.split()[3:4] == ["[2]"], res.stdout  # e.ranks, as data
     assert not job.shm_leftovers()
 
 
@@ -154,7 +169,7 @@ import os, tnt_comm as tc
 try:
     tc.init()
 except tc.Timeout as e:
-    print("RDV", e)
+    print("RDV", e.ranks, e)
 """
     # The start's own limit, not the collective timeout (300 s here), ends the wait.
     job = Job(3, code, tmp_path, env={"TNT_START_TIMEOUT_S": "3", "TNT_TIMEOUT_S": "300"})
@@ -162,6 +177,7 @@ except tc.Timeout as e:
     results = job.wait(40)
     assert "RDV" in results[0].stdout and "2" in results[0].stdout.split("did not arrive")[0], results[0]
     assert "after 3 s" in results[0].stdout and "TNT_START_TIMEOUT_S" in results[0].stdout, results[0]
+    assert results[0].stdout.startswith("RDV [2] "), results[0]  # the rank that never came, as data
     assert not job.shm_leftovers()
 
 
@@ -285,7 +301,7 @@ if tc.rank() == 1:
 try:
     tc.allreduce(x)
 except tc.Timeout as e:
-    print("TIMEOUT", e)
+    print("TIMEOUT", e.ranks, e.operation, e.call, e)
 """
     job = Job(3, code, tmp_path, env={"TNT_TIMEOUT_S": "3"})
     try:
@@ -296,7 +312,7 @@ except tc.Timeout as e:
         job.kill()
     results = job.wait(10)
     for res in (results[0], results[2]):
-        assert res.stdout.startswith("TIMEOUT"), (res.rank, res.stdout, res.stderr[-2000:])
+        assert res.stdout.startswith("TIMEOUT [1] allreduce 1 "), (res.rank, res.stdout, res.stderr[-2000:])
         assert "made no progress: rank 1 (" in res.stdout, res.stdout
         assert "made no progress: rank 0" not in res.stdout and "made no progress: rank 2" not in res.stdout
         reason = "did not answer" if how == "stopped" else "has not made this call"

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace tnt {
 
@@ -27,10 +29,24 @@ const char* op_name(ReduceOp op);
 bool is_valid(DType dtype);
 bool is_valid(ReduceOp op);
 
+// What an error is about, as data, so that no caller has to read it out of the message.
+struct ErrorDetail {
+  std::vector<int> ranks;    // world ranks to blame: dead, stalled or disagreeing; empty if none is known
+  std::string operation;     // the call that stopped ("allreduce", "send", ...); empty outside a call
+  std::uint64_t group = 0;   // that call's group id (Group::id); 0 outside a call
+  std::int64_t call = -1;    // that call's number on its group, from 0; -1 outside a call
+  std::string mine, theirs;  // mismatches: this rank's call and the blamed rank's, described
+};
+
 // Base of every error the library raises.
 class Error : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit Error(const std::string& what, ErrorDetail detail = {})
+      : std::runtime_error(what), detail_(std::move(detail)) {}
+  const ErrorDetail& detail() const noexcept { return detail_; }
+
+ private:
+  ErrorDetail detail_;
 };
 
 // Ranks called different collectives at the same point (kind, dtype, op, count, root or order).
@@ -42,10 +58,15 @@ class CollectiveMismatch : public Error {
 // A peer process died or closed its connection; the runtime cannot be used any more.
 class PeerFailure : public Error {
  public:
-  PeerFailure(int rank, const std::string& what) : Error(what), rank_(rank) {}
+  PeerFailure(int rank, const std::string& what, ErrorDetail detail = {})
+      : Error(what, with_rank(std::move(detail), rank)), rank_(rank) {}
   int rank() const { return rank_; }
 
  private:
+  static ErrorDetail with_rank(ErrorDetail detail, int rank) {
+    if (detail.ranks.empty() && rank >= 0) detail.ranks.push_back(rank);
+    return detail;
+  }
   int rank_;
 };
 

@@ -71,6 +71,18 @@ CollectiveMismatch = _core.CollectiveMismatch
 PeerFailure = _core.PeerFailure
 Timeout = _core.Timeout
 
+# What an error is about, as data: tnt-comm sets these on every error it raises; the class values
+# are what an error made in Python (``PeerFailure("...")``) has until its maker sets them.
+#   ranks      the world ranks to blame: dead, stalled or disagreeing; empty if none is known
+#   operation  the call that stopped ("allreduce", "broadcast", "send/recv", ...), or None
+#   group      that call's group id (Group.id), or None
+#   call       that call's number on its group, from 0, or None
+#   mine, theirs  for a mismatch: this rank's call and the blamed rank's, described; else None
+for _type in (TntError, _core.InvalidArgument):
+    _type.ranks = ()
+    _type.operation = _type.group = _type.call = _type.mine = _type.theirs = None
+PeerFailure.rank = None  # the first of ``ranks``, kept for older callers
+
 _finalizer_registered = False
 
 
@@ -196,6 +208,11 @@ class Group:
     @property
     def size(self) -> int:
         return int(self._native.size)
+
+    @property
+    def id(self) -> int:
+        """The group's id: the same on every member, and what errors name as their ``group``."""
+        return self._native.id
 
     @property
     def ranks(self) -> list[int]:

@@ -8,12 +8,16 @@
 
 namespace tnt {
 
-std::string Descriptor::describe() const {
+const char* Descriptor::kind_name() const {
   static const char* kinds[] = {"?",          "allreduce", "broadcast", "allgather", "allgatherv",
                                 "reduce_scatter", "barrier", "send/recv"};
   auto k = static_cast<std::uint32_t>(kind);
+  return k < 8 ? kinds[k] : "?";
+}
+
+std::string Descriptor::describe() const {
   std::ostringstream out;
-  out << (k < 8 ? kinds[k] : "?") << "(";
+  out << kind_name() << "(";
   if (kind != Kind::barrier) {
     out << (is_valid(static_cast<DType>(dtype)) ? dtype_name(static_cast<DType>(dtype)) : "?");
     if (kind == Kind::allreduce || kind == Kind::reduce_scatter) {

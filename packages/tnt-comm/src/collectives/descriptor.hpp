@@ -3,6 +3,9 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include "tnt_comm/types.hpp"
 
 namespace tnt {
 
@@ -34,6 +37,17 @@ struct Descriptor {
   bool operator!=(const Descriptor& o) const { return !(*this == o); }
   // e.g. "allreduce(float32, sum, count=10), call #3 of group 0x1f2e..."
   std::string describe() const;
+  // "allreduce", "broadcast", ..., "send/recv"
+  const char* kind_name() const;
+  // An error's data about this call, blaming `ranks`.
+  ErrorDetail detail(std::vector<int> ranks) const {
+    ErrorDetail d;
+    d.ranks = std::move(ranks);
+    d.operation = kind_name();
+    d.group = group;
+    d.call = static_cast<std::int64_t>(seq);
+    return d;
+  }
 };
 
 // Sits at the start of every message slot.

@@ -14,16 +14,21 @@ const MessageHeader* RecvStream::next(const Descriptor& expect, std::uint64_t* i
         " from one thread while rank " + std::to_string(peer_) +
         " made it from a thread of another name: the ranks paired calls of different threads. A "
         "group takes its calls from one thread at a time, the same (same-named) thread on every rank; "
-        "give each thread its own group (new_group)");
+        "give each thread its own group (new_group)",
+        expect.detail({peer_}));
   }
   if (header->desc != expect) {
+    ErrorDetail detail = expect.detail({peer_});
+    detail.mine = expect.describe();
+    detail.theirs = header->desc.describe();
     throw CollectiveMismatch("collective mismatch: rank " + std::to_string(me_) + " called " +
                              expect.describe() + " while rank " + std::to_string(peer_) +
                              " called " + header->desc.describe() +
                              (expect.kind == Kind::p2p
                                   ? " (every send needs a recv of the same dtype and count on the "
                                     "other rank, in the same order)"
-                                  : " (every rank must call the same collectives in the same order)"));
+                                  : " (every rank must call the same collectives in the same order)"),
+                             std::move(detail));
   }
   *index = examined_++;
   return header;

@@ -59,7 +59,8 @@ class Send final : public Operation {
                              std::to_string(peer) + " while rank " + std::to_string(peer) +
                              " called send to rank " + std::to_string(me) +
                              ", and neither posted a recv: both would wait forever (post one "
-                             "side's recv first, or use isend/irecv)");
+                             "side's recv first, or use isend/irecv)",
+                             desc_.detail({peer}));
   }
 
   const std::byte* buf_;

@@ -151,10 +151,10 @@ bool Engine::drive(Operation* target, Deadline deadline) {
         p = op->progress();
         if (p == Operation::Progress::done) fabric_.complete_writes();
       } catch (const CollectiveMismatch& e) {
-        fabric_.fail(FailureKind::mismatch, -1, e.what(), true);
+        fabric_.fail(FailureKind::mismatch, e.detail(), e.what(), true);
         break;
       } catch (const std::exception& e) {
-        fabric_.fail(FailureKind::other, -1, std::string("rank ") + std::to_string(fabric_.rank()) +
+        fabric_.fail(FailureKind::other, op->descriptor().detail({}), std::string("rank ") + std::to_string(fabric_.rank()) +
                                                  ": " + e.what(), true);
         break;
       }
@@ -223,7 +223,7 @@ void Engine::check_departed(const std::vector<bool>& gone) {
   for (const auto& op : active_) {
     for (int r : op->needs_more_from()) {
       if (!gone[static_cast<std::size_t>(r)]) continue;
-      fabric_.fail(FailureKind::peer, r,
+      fabric_.fail(FailureKind::peer, op->descriptor().detail({r}),
                    "rank " + std::to_string(r) + " finalized and left the job while rank " +
                        std::to_string(fabric_.rank()) + " still needs it in " + op->descriptor().describe() +
                        ": the ranks did not make the same calls (rank " + std::to_string(r) +
@@ -255,6 +255,7 @@ void Engine::fail_stalled(const Operation& stuck) {
     answers = fabric_.probe(waiting, desc.group, desc.kind == Kind::p2p ? 0 : desc.seq, ask_s);
   }
   std::string culprits, reasons;
+  std::vector<int> blamed;
   for (std::size_t i = 0; i < waiting.size(); ++i) {
     const std::string who = "rank " + std::to_string(waiting[i]);
     std::string why;
@@ -266,6 +267,7 @@ void Engine::fail_stalled(const Operation& stuck) {
     } else {
       continue;
     }
+    blamed.push_back(waiting[i]);
     culprits += (culprits.empty() ? "" : ", ") + who;
     reasons += (reasons.empty() ? "" : "; ") + why;
   }
@@ -277,7 +279,7 @@ void Engine::fail_stalled(const Operation& stuck) {
     message += "; every rank it waits for has made this call";
   }
   message += "; waiting for " + stuck.waiting_for() + " (TNT_TIMEOUT_S sets this limit)";
-  fabric_.fail(FailureKind::timeout, -1, message, true);
+  fabric_.fail(FailureKind::timeout, desc.detail(std::move(blamed)), message, true);
 }
 
 bool Engine::wait(Operation& op, std::optional<double> timeout_s) {

@@ -86,8 +86,10 @@ std::vector<Socket> accept_peers(const Socket& listener, int rank, int size, con
       for (int r = rank + 1; r < size; ++r) {
         if (!got[static_cast<std::size_t>(r)].valid()) absent.push_back(r);
       }
-      throw Timeout("rendezvous timed out: rank(s) " + join(absent) + " did not connect to rank " +
-                    std::to_string(rank));
+      ErrorDetail detail;
+      detail.ranks = absent;
+      throw Timeout("rendezvous timed out: rank(s) " + join(absent) + " did not connect to rank " + std::to_string(rank),
+                    std::move(detail));
     }
     fds.assign(1, pollfd{strangers.accepting() ? listener.fd() : -1, POLLIN, 0});
     for (auto& e : strangers.entries()) fds.push_back({e.sock.fd(), POLLIN, 0});
@@ -156,7 +158,8 @@ Fabric::Fabric(const Identity& identity)
   } catch (const Timeout& e) {
     // Every timeout of the start says which limit it ran into, and how to raise it.
     throw Timeout(std::string(e.what()) + " (the start may take " + format_seconds(identity.start_timeout_s) +
-                  ": raise TNT_START_TIMEOUT_S, tnt-launch --start-timeout, if ranks start slowly)");
+                      ": raise TNT_START_TIMEOUT_S, tnt-launch --start-timeout, if ranks start slowly)",
+                  e.detail());
   }
   receiver_ = std::thread([this] { receive_loop(); });
 }
@@ -193,10 +196,13 @@ void Fabric::rendezvous(const Identity& id) {
       for (int q = 0; q < size_; ++q) {
         if (!store.try_get(prefix + "peer/" + std::to_string(q))) missing.push_back(q);
       }
+      ErrorDetail detail;
+      detail.ranks = missing;
       throw Timeout("rendezvous timed out after " + format_seconds(id.start_timeout_s) + ": rank(s) " +
-                    join(missing) + " of " + std::to_string(size_) +
-                    " did not arrive (did they start, with the same TNT_MASTER_ADDR/PORT and "
-                    "TNT_JOB_ID?)");
+                        join(missing) + " of " + std::to_string(size_) +
+                        " did not arrive (did they start, with the same TNT_MASTER_ADDR/PORT and "
+                        "TNT_JOB_ID?)",
+                    std::move(detail));
     }
     std::istringstream in(info);
     auto i = static_cast<std::size_t>(r);
@@ -353,24 +359,84 @@ void Fabric::complete_gpi2_writes() {
   }
 }
 
-void Fabric::fail(FailureKind kind, int culprit, const std::string& message, bool tell_peers) {
+void Fabric::fail(FailureKind kind, ErrorDetail detail, const std::string& message, bool tell_peers) {
   {
     std::lock_guard<std::mutex> lock(failure_mutex_);
     if (failure_.load() != FailureKind::none) return;
     failure_message_ = message;
-    failure_rank_ = culprit;
+    failure_detail_ = std::move(detail);
     failure_.store(kind, std::memory_order_release);
   }
   if (tell_peers) tell_failure();
   doorbell().ring();
 }
 
+namespace {
+
+// The abort frame's text: the kind's digit, then the error's data and message as fields that each
+// start with their length ("<bytes>:"), so that no field's text can be taken for another's.
+void put_field(std::string& out, const std::string& field) {
+  out += std::to_string(field.size()) + ":" + field;
+}
+
+bool take_field(const std::string& text, std::size_t& at, std::string* field) {
+  const std::size_t colon = text.find(':', at);
+  if (colon == std::string::npos || colon == at || colon - at > 12) return false;
+  const unsigned long long bytes = std::stoull(text.substr(at, colon - at));
+  if (bytes > text.size() - colon - 1) return false;
+  *field = text.substr(colon + 1, bytes);
+  at = colon + 1 + bytes;
+  return true;
+}
+
+std::string encode_failure(FailureKind kind, const ErrorDetail& d, const std::string& message) {
+  std::string ranks;
+  for (int r : d.ranks) ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
+  std::string out(1, static_cast<char>('0' + static_cast<int>(kind)));
+  for (const std::string& field :
+       {ranks, d.operation, std::to_string(d.group), std::to_string(d.call), d.mine, d.theirs, message}) {
+    put_field(out, field);
+  }
+  return out;
+}
+
+// False where the text is not one encode_failure made (then nothing is taken from it).
+bool decode_failure(const std::string& text, FailureKind* kind, ErrorDetail* d, std::string* message) {
+  if (text.empty() || text[0] < '1' || text[0] > '4') return false;
+  std::string f[7];
+  std::size_t at = 1;
+  try {
+    for (auto& field : f) {
+      if (!take_field(text, at, &field)) return false;
+    }
+    ErrorDetail out;
+    for (std::size_t i = 0; i < f[0].size();) {
+      std::size_t end = f[0].find(',', i);
+      if (end == std::string::npos) end = f[0].size();
+      out.ranks.push_back(std::stoi(f[0].substr(i, end - i)));
+      i = end + 1;
+    }
+    out.operation = f[1];
+    out.group = std::stoull(f[2]);
+    out.call = std::stoll(f[3]);
+    out.mine = f[4];
+    out.theirs = f[5];
+    *kind = static_cast<FailureKind>(text[0] - '0');
+    *d = std::move(out);
+    *message = f[6];
+    return true;
+  } catch (const std::exception&) {  // std::stoi and friends on a malformed number
+    return false;
+  }
+}
+
+}  // namespace
+
 void Fabric::tell_failure() {
   std::string text;
   {
     std::lock_guard<std::mutex> lock(failure_mutex_);
-    text = std::string(1, static_cast<char>('0' + static_cast<int>(failure_.load()))) +
-           std::to_string(failure_rank_) + ":" + failure_message_;
+    text = encode_failure(failure_.load(), failure_detail_, failure_message_);
   }
   for (auto& peer : peers_) {
     if (peer && !peer->closed && peer->sock.valid()) send_frame(*peer, FrameHeader::abort, text);
@@ -379,17 +445,20 @@ void Fabric::tell_failure() {
 
 void Fabric::throw_failure() const {
   std::string message;
-  int culprit;
+  ErrorDetail detail;
   {
     std::lock_guard<std::mutex> lock(failure_mutex_);
     message = failure_message_;
-    culprit = failure_rank_;
+    detail = failure_detail_;
   }
   switch (failure_.load(std::memory_order_acquire)) {
-    case FailureKind::mismatch: throw CollectiveMismatch(message);
-    case FailureKind::peer: throw PeerFailure(culprit, message);
-    case FailureKind::timeout: throw Timeout(message);
-    default: throw Error(message);
+    case FailureKind::mismatch: throw CollectiveMismatch(message, std::move(detail));
+    case FailureKind::peer: {
+      const int culprit = detail.ranks.empty() ? -1 : detail.ranks.front();
+      throw PeerFailure(culprit, message, std::move(detail));
+    }
+    case FailureKind::timeout: throw Timeout(message, std::move(detail));
+    default: throw Error(message, std::move(detail));
   }
 }
 
@@ -482,7 +551,9 @@ void Fabric::handle_frame(Peer& peer) {
     peer.closed = true;
     peer.left.store(true, std::memory_order_release);
     if (peer.said_bye) return;
-    fail(FailureKind::peer, peer.rank,
+    ErrorDetail detail;
+    detail.ranks = {peer.rank};
+    fail(FailureKind::peer, std::move(detail),
          "rank " + std::to_string(peer.rank) + " failed: " + why +
              " (the process died or was killed; see its own output for the cause)",
          false);
@@ -502,10 +573,14 @@ void Fabric::handle_frame(Peer& peer) {
     } else if (h.type == FrameHeader::abort) {
       std::string text(h.bytes, '\0');
       if (h.bytes > 0 && !peer.sock.recv_all(text.data(), h.bytes)) return peer_died("closed");
-      auto kind = static_cast<FailureKind>(text.empty() ? 4 : text[0] - '0');
-      std::size_t colon = text.find(':');
-      int culprit = colon == std::string::npos ? peer.rank : std::atoi(text.c_str() + 1);
-      fail(kind, culprit, colon == std::string::npos ? text : text.substr(colon + 1), false);
+      FailureKind kind = FailureKind::other;
+      ErrorDetail detail;
+      std::string message;
+      if (!decode_failure(text, &kind, &detail, &message)) {
+        detail.ranks = {peer.rank};
+        message = "rank " + std::to_string(peer.rank) + " stopped the job with an unreadable abort message";
+      }
+      fail(kind, std::move(detail), message, false);
     } else if (h.type == FrameHeader::bye) {
       // It finalized: it drained its work and will send nothing more. Waits for it now fail.
       peer.said_bye = true;

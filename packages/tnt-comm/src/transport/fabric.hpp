@@ -51,7 +51,7 @@ class Fabric {
   }
 
   // Records the first failure, wakes every waiter and, if asked, tells every peer (abort frame).
-  void fail(FailureKind kind, int culprit, const std::string& message, bool tell_peers);
+  void fail(FailureKind kind, ErrorDetail detail, const std::string& message, bool tell_peers);
   bool failed() const { return failure_.load(std::memory_order_acquire) != FailureKind::none; }
   [[noreturn]] void throw_failure() const;
 
@@ -127,7 +127,7 @@ class Fabric {
   std::atomic<FailureKind> failure_{FailureKind::none};
   mutable std::mutex failure_mutex_;
   std::string failure_message_;
-  int failure_rank_ = -1;
+  ErrorDetail failure_detail_;
 };
 
 }  // namespace tnt

@@ -154,6 +154,7 @@ def _explain_mismatch(what: str) -> Iterator[None]:
             if peer is not None:
                 failure = tnt_comm.PeerFailure(f"tnt: {what} stopped: {peer.group(0)}")
                 failure.rank = int(peer.group(1))
+                failure.ranks = [failure.rank]
                 raise failure from error
             timed_out = _TIMED_OUT.search(text)
             if timed_out is not None:
