@@ -343,5 +343,5 @@ PYBIND11_MODULE(_core, m) {
       });
 
   // The C ABI table for other native extensions (see c_api.h).
-  m.attr("_C_API") = py::capsule(const_cast<tnt_comm_api_v1*>(tnt_comm_api()), TNT_COMM_C_API_CAPSULE);
+  m.attr("_C_API") = py::capsule(const_cast<tnt_comm_api_v2*>(tnt_comm_api()), TNT_COMM_C_API_CAPSULE);
 }

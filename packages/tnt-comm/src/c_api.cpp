@@ -1,16 +1,74 @@
 // The C ABI table (c_api.h) over the one runtime.
 #include "tnt_comm/c_api.h"
 
+#include <memory>
+#include <new>
 #include <string>
+#include <vector>
 
 #include "tnt_comm/runtime.hpp"
 
 namespace {
 
-thread_local std::string t_last_error;
+static_assert(TNT_COMM_FLOAT16 == static_cast<int>(tnt::DType::float16) &&
+                  TNT_COMM_BFLOAT16 == static_cast<int>(tnt::DType::bfloat16) &&
+                  TNT_COMM_FLOAT32 == static_cast<int>(tnt::DType::float32) &&
+                  TNT_COMM_FLOAT64 == static_cast<int>(tnt::DType::float64) &&
+                  TNT_COMM_INT32 == static_cast<int>(tnt::DType::int32) &&
+                  TNT_COMM_INT64 == static_cast<int>(tnt::DType::int64) &&
+                  TNT_COMM_UINT8 == static_cast<int>(tnt::DType::uint8),
+              "c_api.h's dtype codes are tnt::DType's");
+static_assert(TNT_COMM_SUM == static_cast<int>(tnt::ReduceOp::sum) &&
+                  TNT_COMM_PROD == static_cast<int>(tnt::ReduceOp::prod) &&
+                  TNT_COMM_MIN == static_cast<int>(tnt::ReduceOp::min) &&
+                  TNT_COMM_MAX == static_cast<int>(tnt::ReduceOp::max) &&
+                  TNT_COMM_AVG == static_cast<int>(tnt::ReduceOp::avg),
+              "c_api.h's op codes are tnt::ReduceOp's");
+
+// An error and the storage its C view points into.
+class CError {
+ public:
+  explicit CError(const std::exception& e) : message_(e.what()) {
+    view_.kind = kind_of(e);
+    if (const auto* err = dynamic_cast<const tnt::Error*>(&e)) {
+      const tnt::ErrorDetail& d = err->detail();
+      ranks_.assign(d.ranks.begin(), d.ranks.end());
+      operation_ = d.operation;
+      mine_ = d.mine;
+      theirs_ = d.theirs;
+      view_.group = d.group;
+      view_.call = d.call;
+    }
+    view_.message = message_.c_str();
+    view_.ranks = ranks_.data();
+    view_.num_ranks = static_cast<uint32_t>(ranks_.size());
+    view_.operation = operation_.c_str();
+    view_.mine = mine_.c_str();
+    view_.theirs = theirs_.c_str();
+  }
+  CError(const CError&) = delete;
+  CError& operator=(const CError&) = delete;
+  const tnt_comm_error* view() const { return &view_; }
+
+ private:
+  static int32_t kind_of(const std::exception& e) {
+    if (dynamic_cast<const tnt::CollectiveMismatch*>(&e)) return TNT_COMM_COLLECTIVE_MISMATCH;
+    if (dynamic_cast<const tnt::PeerFailure*>(&e)) return TNT_COMM_PEER_FAILURE;
+    if (dynamic_cast<const tnt::Timeout*>(&e)) return TNT_COMM_TIMEOUT;
+    if (dynamic_cast<const tnt::InvalidArgument*>(&e)) return TNT_COMM_INVALID_ARGUMENT;
+    if (dynamic_cast<const tnt::Error*>(&e)) return TNT_COMM_ERROR;
+    return TNT_COMM_OTHER;
+  }
+
+  std::string message_, operation_, mine_, theirs_;
+  std::vector<int32_t> ranks_;
+  tnt_comm_error view_{};
+};
+
+thread_local std::unique_ptr<CError> t_last_error;
 
 int fail(const std::exception& e) {
-  t_last_error = e.what();
+  t_last_error = std::make_unique<CError>(e);
   return 1;
 }
 
@@ -22,8 +80,19 @@ void report(tnt_comm_done_fn done, void* ctx, const std::exception_ptr& error) {
   try {
     std::rethrow_exception(error);
   } catch (const std::exception& e) {
-    done(ctx, e.what());
+    const CError c(e);
+    done(ctx, c.view());
   }
+}
+
+// Held by the caller while it starts a call: a group's last owner may drop it meanwhile.
+std::shared_ptr<tnt::Group> group_of(uint64_t id) {
+  std::shared_ptr<tnt::Group> group = tnt::Runtime::init().find_group(id);
+  if (!group) {
+    throw tnt::InvalidArgument("no group with id " + std::to_string(id) +
+                               " lives on this rank (made with new_group and not dropped); 0 is the world");
+  }
+  return group;
 }
 
 int api_rank() {
@@ -43,35 +112,39 @@ int api_size() {
   }
 }
 
-int api_allreduce(const void* src, void* dst, uint64_t count, int32_t dtype, int32_t op,
+int api_allreduce(uint64_t group, const void* src, void* dst, uint64_t count, int32_t dtype, int32_t op,
                   tnt_comm_done_fn done, void* ctx) {
   try {
-    tnt::Runtime::init().world().allreduce_async(
-        src, dst, count, static_cast<tnt::DType>(dtype), static_cast<tnt::ReduceOp>(op),
-        [done, ctx](std::exception_ptr e) { report(done, ctx, e); });
+    group_of(group)->allreduce_async(src, dst, count, static_cast<tnt::DType>(dtype), static_cast<tnt::ReduceOp>(op),
+                                    [done, ctx](std::exception_ptr e) { report(done, ctx, e); });
     return 0;
   } catch (const std::exception& e) {
     return fail(e);
   }
 }
 
-int api_broadcast(void* buf, uint64_t count, int32_t dtype, int32_t root, tnt_comm_done_fn done,
+int api_broadcast(uint64_t group, void* buf, uint64_t count, int32_t dtype, int32_t root, tnt_comm_done_fn done,
                   void* ctx) {
   try {
-    tnt::Runtime::init().world().broadcast_async(
-        buf, count, static_cast<tnt::DType>(dtype), root,
-        [done, ctx](std::exception_ptr e) { report(done, ctx, e); });
+    group_of(group)->broadcast_async(buf, count, static_cast<tnt::DType>(dtype), root,
+                                    [done, ctx](std::exception_ptr e) { report(done, ctx, e); });
     return 0;
   } catch (const std::exception& e) {
     return fail(e);
   }
 }
 
-const char* api_last_error() { return t_last_error.c_str(); }
+const tnt_comm_error* api_last_error() {
+  if (!t_last_error) {
+    static const tnt_comm_error kNone = {TNT_COMM_ERROR, "no error", nullptr, 0, "", 0, -1, "", ""};
+    return &kNone;
+  }
+  return t_last_error->view();
+}
 
-const tnt_comm_api_v1 kTable = {TNT_COMM_C_API_VERSION, api_rank,      api_size,
+const tnt_comm_api_v2 kTable = {TNT_COMM_C_API_VERSION, api_rank,      api_size,
                                 api_allreduce,          api_broadcast, api_last_error};
 
 }  // namespace
 
-extern "C" const tnt_comm_api_v1* tnt_comm_api(void) { return &kTable; }
+extern "C" const tnt_comm_api_v2* tnt_comm_api(void) { return &kTable; }

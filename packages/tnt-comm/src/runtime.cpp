@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <iterator>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -206,7 +207,20 @@ void Runtime::settle() {
 }
 
 std::shared_ptr<Group> Runtime::new_group(std::vector<int> world_ranks) {
-  return std::make_shared<Group>(*this, std::move(world_ranks));
+  auto group = std::make_shared<Group>(*this, std::move(world_ranks));
+  std::lock_guard<std::mutex> lock(groups_mutex_);
+  for (auto it = groups_by_id_.begin(); it != groups_by_id_.end();) {  // forget the groups that went
+    it = it->second.expired() ? groups_by_id_.erase(it) : std::next(it);
+  }
+  groups_by_id_[group->id()] = group;
+  return group;
+}
+
+std::shared_ptr<Group> Runtime::find_group(std::uint64_t id) {
+  if (id == 0 || id == world_->id()) return world_;
+  std::lock_guard<std::mutex> lock(groups_mutex_);
+  auto it = groups_by_id_.find(id);
+  return it == groups_by_id_.end() ? nullptr : it->second.lock();
 }
 
 std::uint64_t Runtime::next_group_id(std::uint64_t ranks_hash) {

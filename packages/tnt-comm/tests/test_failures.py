@@ -89,6 +89,41 @@ except tc.PeerFailure as e:
 
 
 @pytest.mark.timeout(60)
+def test_c_abi_reports_a_dead_rank_as_data(tmp_path: Path) -> None:
+    # What a native extension (tnt-keras's TensorFlow op) gets: the completion callback's error
+    # carries the kind and the blamed rank as fields.
+    code = f"""
+import os, signal, sys, time, json, numpy as np, tnt_comm as tc
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+import c_abi
+api = c_abi.table()
+results, done = c_abi.recorder()
+x = np.ones(1000, np.float32)
+tc.allreduce(x)
+if tc.rank() == 2:
+    os.kill(os.getpid(), signal.SIGKILL)
+deadline = time.monotonic() + 30
+while not results and time.monotonic() < deadline:
+    assert api.allreduce_async(0, x.ctypes.data, x.ctypes.data, x.size, 2, 0, done, None) == 0
+    try:
+        tc.barrier()
+    except tc.PeerFailure:
+        pass
+    time.sleep(0.01)
+print(json.dumps(results[0]))
+"""
+    job = Job(3, code, tmp_path, env={"TNT_TIMEOUT_S": "30"})
+    results = job.wait(50)
+    assert results[2].returncode == -9
+    for res in results[:2]:
+        assert res.returncode == 0, (res.rank, res.stderr[-2000:])
+        error = json.loads(res.stdout)
+        assert error["kind"] == "PeerFailure" and error["ranks"] == [2], error
+        assert "rank 2" in error["message"], error
+    assert not job.shm_leftovers()
+
+
+@pytest.mark.timeout(60)
 def test_wait_past_timeout_raises(tmp_path: Path) -> None:
     code = """
 import os, pathlib, time, numpy as np, tnt_comm as tc

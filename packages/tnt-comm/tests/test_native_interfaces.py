@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import json
 import re
 import shutil
@@ -10,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import c_abi
 import numpy as np
 import pytest
 import tnt_comm
@@ -56,50 +56,28 @@ def test_find_package_from_cmake(tmp_path: Path) -> None:
     assert out.returncode == 0 and "size=1 y=2" in out.stdout, out.stderr
 
 
-class Api(ctypes.Structure):
-    DONE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p)
-    _fields_ = [
-        ("version", ctypes.c_uint32),
-        ("rank", ctypes.CFUNCTYPE(ctypes.c_int)),
-        ("size", ctypes.CFUNCTYPE(ctypes.c_int)),
-        (
-            "allreduce_async",
-            ctypes.CFUNCTYPE(
-                ctypes.c_int,
-                ctypes.c_void_p,
-                ctypes.c_void_p,
-                ctypes.c_uint64,
-                ctypes.c_int32,
-                ctypes.c_int32,
-                DONE,
-                ctypes.c_void_p,
-            ),
-        ),
-        (
-            "broadcast_async",
-            ctypes.CFUNCTYPE(
-                ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int32, ctypes.c_int32, DONE, ctypes.c_void_p
-            ),
-        ),
-        ("last_error", ctypes.CFUNCTYPE(ctypes.c_char_p)),
-    ]
-
-
 def test_c_abi_capsule() -> None:
-    get = ctypes.pythonapi.PyCapsule_GetPointer
-    get.restype = ctypes.c_void_p
-    get.argtypes = [ctypes.py_object, ctypes.c_char_p]
-    api = Api.from_address(get(tnt_comm._core._C_API, b"tnt_comm._C_API"))
-    assert api.version == 1 and api.size() == tnt_comm.size() and api.rank() == tnt_comm.rank()
-    results: list[bytes | None] = []
-    done = Api.DONE(lambda ctx, err: results.append(err))
+    api = c_abi.table()
+    assert api.version == 2 and api.size() == tnt_comm.size() and api.rank() == tnt_comm.rank()
+    results, done = c_abi.recorder()
     x = np.arange(8, dtype=np.float32)
     y = np.empty_like(x)
-    assert api.allreduce_async(x.ctypes.data, y.ctypes.data, 8, 2, 0, done, None) == 0
-    tnt_comm.barrier()  # a blocking call drives queued work too
-    assert results == [None] and np.array_equal(x, y)
-    assert api.allreduce_async(x.ctypes.data, y.ctypes.data, 8, 99, 0, done, None) != 0
-    assert b"dtype" in api.last_error()
+    # The world, as 0 and as its id; a group, by its id.
+    pair = tnt_comm.new_group([0])
+    for group in (0, tnt_comm.world().id, pair.id):
+        y[:] = -1
+        assert api.allreduce_async(group, x.ctypes.data, y.ctypes.data, 8, 2, 0, done, None) == 0
+        tnt_comm.barrier()  # a blocking call drives queued work too
+        assert results.pop() is None and np.array_equal(x, y)
+    # Refused starts: the error as data, kind first.
+    assert api.allreduce_async(0, x.ctypes.data, y.ctypes.data, 8, 99, 0, done, None) != 0
+    error = api.last_error().contents.data()
+    assert error["kind"] == "InvalidArgument" and "dtype" in error["message"], error
+    assert error["ranks"] == [] and error["operation"] == "" and error["call"] == -1, error
+    assert api.broadcast_async(12345, x.ctypes.data, 8, 2, 0, done, None) != 0
+    error = api.last_error().contents.data()
+    assert error["kind"] == "InvalidArgument" and "no group with id 12345" in error["message"], error
+    assert results == []
 
 
 def test_build_info_says_what_this_build_has() -> None:

@@ -38,8 +38,14 @@ def test_ranks_that_disagree_get_a_clear_error(case: str) -> None:
     else:
         explained = [e for e in errors if "fell out of step in fit" in e and "tnt_distribute_dataset=False" in e]
         assert explained, errors
-        # The type is tnt_comm's (TensorFlow's error is its cause).
+        # The type is tnt_comm's (TensorFlow's error is its cause), with its data: the other rank
+        # to blame, and both sides' calls.
         assert any(e.startswith("tnt_comm._core.CollectiveMismatch:") for e in explained), explained
+        for rank, data in enumerate(result.ranks):
+            if (data["error"] or "").startswith("tnt_comm._core.CollectiveMismatch:"):
+                fields = data["fields"]
+                assert fields["ranks"] in ([0], [1]), (rank, fields)
+                assert fields["mine"] and fields["theirs"] and fields["operation"], fields
     assert time.monotonic() - start < 120
 
 
@@ -52,3 +58,5 @@ def test_a_rank_that_leaves_mid_fit_raises_peer_failure_on_the_others() -> None:
     expected = "tnt_comm._core.PeerFailure: tnt: fit stopped: rank 1 failed"
     assert error.startswith(expected), (error, result.output[-3000:])
     assert "(cause: " in error and "Error)" in error and "cause: NoneType" not in error, error
+    # ... and as data: e.ranks names the rank that left, as tnt_comm's own calls do.
+    assert result.ranks[0]["fields"]["ranks"] == [1], result.ranks[0]["fields"]

@@ -1,6 +1,8 @@
 /* The small versioned C ABI of tnt-comm. Other native extensions (the TensorFlow op of tnt-keras)
  * fetch this table from the Python capsule `tnt_comm._core._C_API` (capsule name
- * "tnt_comm._C_API") and so share the one runtime of the process instead of loading a second copy. */
+ * "tnt_comm._C_API") and so share the one runtime of the process instead of loading a second copy.
+ * Everything a caller needs is here: the codes of element types, reductions and error kinds, and
+ * errors as data (kind, blamed ranks, the call), so that no caller reads them out of a message. */
 #ifndef TNT_COMM_C_API_H
 #define TNT_COMM_C_API_H
 
@@ -10,32 +12,71 @@
 extern "C" {
 #endif
 
-#define TNT_COMM_C_API_VERSION 1
+#define TNT_COMM_C_API_VERSION 2
 #define TNT_COMM_C_API_CAPSULE "tnt_comm._C_API"
 
-/* Called once per operation, from the progress thread; `error` is NULL on success, otherwise a
- * message valid only during the call. Must not block. */
-typedef void (*tnt_comm_done_fn)(void* ctx, const char* error);
+/* Element types: the values of tnt::DType. Never renumbered. */
+enum tnt_comm_dtype {
+  TNT_COMM_FLOAT16 = 0,
+  TNT_COMM_BFLOAT16 = 1,
+  TNT_COMM_FLOAT32 = 2,
+  TNT_COMM_FLOAT64 = 3,
+  TNT_COMM_INT32 = 4,
+  TNT_COMM_INT64 = 5,
+  TNT_COMM_UINT8 = 6
+};
 
-typedef struct tnt_comm_api_v1 {
+/* Reductions: the values of tnt::ReduceOp. Never renumbered. */
+enum tnt_comm_op { TNT_COMM_SUM = 0, TNT_COMM_PROD = 1, TNT_COMM_MIN = 2, TNT_COMM_MAX = 3, TNT_COMM_AVG = 4 };
+
+/* Error kinds: the classes of tnt::Error (and of tnt_comm's Python exceptions). */
+enum tnt_comm_error_kind {
+  TNT_COMM_ERROR = 1,               /* tnt::Error, none of the below */
+  TNT_COMM_COLLECTIVE_MISMATCH = 2, /* ranks made different calls */
+  TNT_COMM_PEER_FAILURE = 3,        /* a peer died, disconnected or left early */
+  TNT_COMM_TIMEOUT = 4,             /* no progress within the limit */
+  TNT_COMM_INVALID_ARGUMENT = 5,    /* bad arguments */
+  TNT_COMM_OTHER = 6                /* not an error of tnt-comm's (std::bad_alloc, ...) */
+};
+
+/* An error, as data (tnt::ErrorDetail). Its strings and ranks are valid only during the callback
+ * that receives it, or, from last_error, until the next call of this table on the same thread. */
+typedef struct tnt_comm_error {
+  int32_t kind;          /* enum tnt_comm_error_kind */
+  const char* message;   /* the whole sentence, as tnt-comm's exceptions say it */
+  const int32_t* ranks;  /* world ranks to blame: dead, stalled or disagreeing */
+  uint32_t num_ranks;    /* 0 where none is known */
+  const char* operation; /* the call that stopped ("allreduce", ...); "" outside a call */
+  uint64_t group;        /* that call's group id; 0 outside a call */
+  int64_t call;          /* that call's number on its group; -1 outside a call */
+  const char* mine;      /* mismatches: this rank's call, described; "" otherwise */
+  const char* theirs;    /* mismatches: the blamed rank's call, described; "" otherwise */
+} tnt_comm_error;
+
+/* Called once per operation, from the progress thread; `error` is NULL on success. Must not
+ * block. */
+typedef void (*tnt_comm_done_fn)(void* ctx, const tnt_comm_error* error);
+
+typedef struct tnt_comm_api_v2 {
   uint32_t version; /* TNT_COMM_C_API_VERSION */
   int (*rank)(void);
   int (*size)(void);
-  /* Start an allreduce over the world of `count` elements. `dtype` and `op` take the values of
-   * tnt::DType and tnt::ReduceOp. `src` may equal `dst`. Buffers must stay valid until `done` runs.
-   * Returns 0 when started; otherwise nonzero and `done` is not called (see last_error). */
-  int (*allreduce_async)(const void* src, void* dst, uint64_t count, int32_t dtype, int32_t op,
+  /* Start an allreduce of `count` elements over the group whose id is `group` (tnt_comm's
+   * Group.id, tnt::Group::id(); 0 for the world). The group must live on this rank: made with
+   * new_group and not yet dropped. `src` may equal `dst`. Buffers must stay valid until `done`
+   * runs. Returns 0 when started; otherwise nonzero and `done` is not called (see last_error). */
+  int (*allreduce_async)(uint64_t group, const void* src, void* dst, uint64_t count, int32_t dtype,
+                         int32_t op, tnt_comm_done_fn done, void* ctx);
+  /* Start a broadcast of `count` elements from the group's rank `root`, in place. As above. */
+  int (*broadcast_async)(uint64_t group, void* buf, uint64_t count, int32_t dtype, int32_t root,
                          tnt_comm_done_fn done, void* ctx);
-  /* Start a broadcast of `count` elements from `root`, in place. Same contract as above. */
-  int (*broadcast_async)(void* buf, uint64_t count, int32_t dtype, int32_t root,
-                         tnt_comm_done_fn done, void* ctx);
-  /* The message of the last failed call on this thread. */
-  const char* (*last_error)(void);
-} tnt_comm_api_v1;
+  /* The last failed call of this table on this thread. */
+  const tnt_comm_error* (*last_error)(void);
+} tnt_comm_api_v2;
 
 /* Returns the table. The runtime initialises from the environment on the first call that needs
  * it; a failure there is reported like any other (nonzero return, last_error). */
-const tnt_comm_api_v1* tnt_comm_api(void);
+const tnt_comm_api_v2* tnt_comm_api(void);
 
 #ifdef __cplusplus
 }

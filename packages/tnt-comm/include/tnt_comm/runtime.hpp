@@ -68,6 +68,9 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   // every member. Each group has its own ordered streams: one thread per group may run
   // collectives concurrently with other threads on other groups.
   std::shared_ptr<Group> new_group(std::vector<int> world_ranks);
+  // The live group of this id (Group::id) that new_group made, the world for 0 or its own id;
+  // null where no such group lives on this rank (the C ABI names groups by id).
+  std::shared_ptr<Group> find_group(std::uint64_t id);
   // The identity of the next group of these ranks (used by Group's constructor).
   std::uint64_t next_group_id(std::uint64_t ranks_hash);
   // Transport used towards each world rank ("self", "shm" or "tcp").
@@ -93,6 +96,7 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   std::shared_ptr<Group> world_;
   std::mutex groups_mutex_;
   std::map<std::uint64_t, std::uint64_t> groups_made_;  // by hash of the rank list
+  std::map<std::uint64_t, std::weak_ptr<Group>> groups_by_id_;  // what new_group made
 };
 
 }  // namespace tnt

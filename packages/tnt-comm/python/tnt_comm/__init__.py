@@ -26,6 +26,7 @@ import numpy as np
 
 from . import _core
 from ._buffers import OP_CODES, as_array, dtype_code, op_code
+from ._errors import error_data, error_from_data
 
 __all__ = [
     "CollectiveMismatch",
@@ -42,6 +43,8 @@ __all__ = [
     "broadcast",
     "build_info",
     "cmake_prefix_path",
+    "error_data",
+    "error_from_data",
     "finalize",
     "get_include",
     "iallgather",

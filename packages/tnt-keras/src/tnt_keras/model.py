@@ -15,7 +15,6 @@ import copy
 import inspect
 import json
 import os
-import re
 import shutil
 import tempfile
 import zipfile
@@ -135,41 +134,43 @@ def _accepts_keyword(function: Callable[..., Any], name: str) -> bool:
     return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
-_PEER_FAILED = re.compile(r"rank (\d+) (?:failed|finalized and left)[^\n]*")
-_TIMED_OUT = re.compile(r"rank \d+ timed out[^\n]*")
+# Where tnt-keras' TensorFlow op puts tnt-comm's error, as data (ops/tnt_ops.cc: kErrorPayload).
+_ERROR_PAYLOAD = "tnt_comm.error"
+
+
+def _tnt_comm_error(error: tf.errors.OpError) -> dict[str, Any] | None:
+    """tnt-comm's error behind a TensorFlow error, as data, if there is one."""
+    payloads = getattr(error, "experimental_payloads", None) or {}
+    payload = payloads.get(_ERROR_PAYLOAD.encode(), payloads.get(_ERROR_PAYLOAD))  # bytes in TF 2.21
+    if payload is None:
+        return None
+    data = json.loads(payload.decode() if isinstance(payload, bytes) else payload)
+    return data if isinstance(data, dict) else None
 
 
 @contextlib.contextmanager
 def _explain_mismatch(what: str) -> Iterator[None]:
     """Turns tnt-comm's errors inside a Keras loop, which TensorFlow wraps in its own, back into
-    tnt_comm's types (PeerFailure, Timeout, CollectiveMismatch) with TensorFlow's error as the
-    cause; a mismatch also says the usual causes: ranks that run different numbers of steps, or
-    different steps."""
+    tnt_comm's types (PeerFailure, Timeout, CollectiveMismatch) with their data (``ranks``, the
+    call) and TensorFlow's error as the cause; a mismatch also says the usual causes: ranks that run
+    different numbers of steps, or different steps."""
     try:
         yield
     except tf.errors.OpError as error:
-        text = str(error)
-        if "collective mismatch" not in text:
-            peer = _PEER_FAILED.search(text)
-            if peer is not None:
-                failure = tnt_comm.PeerFailure(f"tnt: {what} stopped: {peer.group(0)}")
-                failure.rank = int(peer.group(1))
-                failure.ranks = [failure.rank]
-                raise failure from error
-            timed_out = _TIMED_OUT.search(text)
-            if timed_out is not None:
-                raise tnt_comm.Timeout(f"tnt: {what} stopped: {timed_out.group(0)}") from error
+        found = _tnt_comm_error(error)
+        if found is None:
             raise
-        # Keep tnt-comm's sentence (both ranks' calls), not TF's node names around it.
-        found = re.search(r"collective mismatch:.*?same order\)", text, re.S)
-        detail = found.group(0) if found else text.strip().splitlines()[0]
-        raise tnt_comm.CollectiveMismatch(
-            f"tnt: the ranks fell out of step in {what}: {detail}\n"
-            "Every rank must run the same steps in the same order. Usual causes: datasets of different lengths "
-            "on different ranks (with tnt_distribute_dataset=False each rank's dataset must give the same number "
-            "of batches; a distributed dataset must not depend on the rank), different models, or a custom "
-            "train_step that takes rank-dependent branches."
-        ) from error
+        if isinstance(tnt_comm.error_from_data(found), tnt_comm.CollectiveMismatch):
+            message = (
+                f"tnt: the ranks fell out of step in {what}: {found['message']}\n"
+                "Every rank must run the same steps in the same order. Usual causes: datasets of different "
+                "lengths on different ranks (with tnt_distribute_dataset=False each rank's dataset must give the "
+                "same number of batches; a distributed dataset must not depend on the rank), different models, or "
+                "a custom train_step that takes rank-dependent branches."
+            )
+        else:
+            message = f"tnt: {what} stopped: {found['message']}"
+        raise tnt_comm.error_from_data(found, message) from error
 
 
 class _RowCounter:

@@ -16,6 +16,7 @@ from _job import CLASSES, FEATURES, build, compile_args, dataset, report
 
 case = sys.argv[1]
 error = None
+fields = None  # the error's data (tnt_comm's errors carry it)
 try:
     if case == "model":
         width = 8 if tnt.get_rank() == 0 else 9
@@ -47,7 +48,9 @@ try:
         model.fit(dataset(rows, 12), epochs=2, verbose=0, tnt_distribute_dataset=False)
 except Exception as e:  # noqa: BLE001 - the test reads what each rank got
     error = f"{type(e).__module__}.{type(e).__name__}: {e} (cause: {type(e.__cause__).__name__})"
-report({"rank": tnt.get_rank(), "error": error})
+    fields = {name: getattr(e, name, None) for name in ("ranks", "operation", "call", "mine", "theirs")}
+    fields["ranks"] = list(fields["ranks"] or [])
+report({"rank": tnt.get_rank(), "error": error, "fields": fields})
 # A rank that raised waits (a while) for the others' reports before it exits: tnt-launch stops the
 # job at the first failed exit, and the test reads every rank's error, not the exit order's winner.
 # A rank that hangs instead of raising still fails the test: it reports nothing.

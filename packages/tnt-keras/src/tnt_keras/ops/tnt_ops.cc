@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -50,7 +51,7 @@ using tensorflow::shape_inference::InferenceContext;
 // created by TensorFlow, which offers no way to pass them a pointer, and it must be the table of
 // the already imported tnt_comm module so the op uses the same runtime (connections, sequence
 // numbers) as tnt_comm's Python API instead of a second copy of it. Set once, read lock-free.
-std::atomic<const tnt_comm_api_v1*> g_api{nullptr};
+std::atomic<const tnt_comm_api_v2*> g_api{nullptr};
 
 constexpr std::uint64_t kMagic = 0x746e745f70656e64ULL;  // "tnt_pend": catches most misused handles
 
@@ -63,7 +64,8 @@ struct Pending {
   std::mutex mu;
   bool completed = false;  // guarded by mu, like everything below
   bool failed = false;
-  std::string error;
+  std::string error;       // tnt-comm's sentence
+  std::string error_data;  // the same error as data: the JSON of ErrorData
   Tensor input;   // kept alive while the engine reads from it
   Tensor output;  // kept alive while the engine writes into it, even if the wait is pruned
   // Fused sums only: where each input lies in the flat output, and its shape.
@@ -80,11 +82,58 @@ struct Pending {
   }
 };
 
+// The payload key under which a failed op's Status carries tnt-comm's error as data (tnt_keras reads
+// it from tf.errors.OpError.experimental_payloads; TensorFlow keeps a Status' payloads).
+constexpr char kErrorPayload[] = "tnt_comm.error";
+
+void AppendJsonString(std::string* out, const char* text) {
+  out->push_back('"');
+  for (const char* c = text; *c != '\0'; ++c) {
+    const auto u = static_cast<unsigned char>(*c);
+    if (*c == '"' || *c == '\\') {
+      out->push_back('\\');
+      out->push_back(*c);
+    } else if (u < 0x20) {
+      static const char kHex[] = "0123456789abcdef";
+      out->append("\\u00");
+      out->push_back(kHex[u >> 4]);
+      out->push_back(kHex[u & 15]);
+    } else {
+      out->push_back(*c);
+    }
+  }
+  out->push_back('"');
+}
+
+// {"kind": 3, "message": ..., "ranks": [2], "operation": ..., "group": ..., "call": ..., "mine": ...,
+// "theirs": ...}: the fields of tnt_comm_error, which tnt_comm.error_from_data turns back into the
+// exception tnt-comm's Python API would have raised.
+std::string ErrorData(const tnt_comm_error& e) {
+  std::string out = absl::StrCat("{\"kind\": ", e.kind, ", \"message\": ");
+  AppendJsonString(&out, e.message);
+  out += ", \"ranks\": [";
+  for (std::uint32_t i = 0; i < e.num_ranks; ++i) absl::StrAppend(&out, i ? ", " : "", e.ranks[i]);
+  out += "], \"operation\": ";
+  AppendJsonString(&out, e.operation);
+  absl::StrAppend(&out, ", \"group\": ", e.group, ", \"call\": ", e.call, ", \"mine\": ");
+  AppendJsonString(&out, e.mine);
+  out += ", \"theirs\": ";
+  AppendJsonString(&out, e.theirs);
+  out += "}";
+  return out;
+}
+
+absl::Status ErrorStatus(const std::string& what, const std::string& message, const std::string& data) {
+  absl::Status status = absl::InternalError(absl::StrCat(what, message));
+  status.SetPayload(kErrorPayload, absl::Cord(data));
+  return status;
+}
+
 // Sets the wait's results: the start's output forwarded without a copy (for a fused sum, one view
 // into it per input), or the engine's error.
 void Complete(OpKernelContext* ctx, const Pending& p) {
   if (p.failed) {
-    ctx->CtxFailure(absl::InternalError(absl::StrCat("tnt_comm allreduce failed: ", p.error)));
+    ctx->CtxFailure(ErrorStatus("tnt_comm allreduce failed: ", p.error, p.error_data));
     return;
   }
   if (p.shapes.empty()) {
@@ -106,7 +155,7 @@ void Complete(OpKernelContext* ctx, const Pending& p) {
 
 // tnt_comm's completion callback: runs on the progress thread (or inline if submission fails
 // late), so it only takes a short lock, and TensorFlow's `done` only schedules the ready ops.
-void OnDone(void* ctx, const char* error) {
+void OnDone(void* ctx, const tnt_comm_error* error) {
   auto* p = static_cast<Pending*>(ctx);
   OpKernelContext* waiter = nullptr;
   AsyncOpKernel::DoneCallback done;
@@ -116,7 +165,8 @@ void OnDone(void* ctx, const char* error) {
     p->completed = true;
     if (error != nullptr) {
       p->failed = true;
-      p->error = error;
+      p->error = error->message;
+      p->error_data = ErrorData(*error);
     }
     std::swap(input, p->input);
     std::swap(output, p->output);
@@ -133,34 +183,35 @@ void OnDone(void* ctx, const char* error) {
 
 std::int32_t DTypeCode(DataType t) {
   switch (t) {
-    case tensorflow::DT_HALF: return 0;
-    case tensorflow::DT_BFLOAT16: return 1;
-    case tensorflow::DT_FLOAT: return 2;
-    case tensorflow::DT_DOUBLE: return 3;
-    case tensorflow::DT_INT32: return 4;
-    case tensorflow::DT_INT64: return 5;
-    case tensorflow::DT_UINT8: return 6;
+    case tensorflow::DT_HALF: return TNT_COMM_FLOAT16;
+    case tensorflow::DT_BFLOAT16: return TNT_COMM_BFLOAT16;
+    case tensorflow::DT_FLOAT: return TNT_COMM_FLOAT32;
+    case tensorflow::DT_DOUBLE: return TNT_COMM_FLOAT64;
+    case tensorflow::DT_INT32: return TNT_COMM_INT32;
+    case tensorflow::DT_INT64: return TNT_COMM_INT64;
+    case tensorflow::DT_UINT8: return TNT_COMM_UINT8;
     default: return -1;
   }
 }
 
 std::int32_t OpCode(const std::string& op) {
-  if (op == "sum") return 0;
-  if (op == "prod") return 1;
-  if (op == "min") return 2;
-  if (op == "max") return 3;
-  if (op == "avg") return 4;
+  if (op == "sum") return TNT_COMM_SUM;
+  if (op == "prod") return TNT_COMM_PROD;
+  if (op == "min") return TNT_COMM_MIN;
+  if (op == "max") return TNT_COMM_MAX;
+  if (op == "avg") return TNT_COMM_AVG;
   return -1;
 }
 
 // Hands `p`'s allreduce to the engine; a start that fails deletes p (the callback will not run and
 // nobody else knows it) and fails the kernel.
-void Submit(OpKernelContext* ctx, const tnt_comm_api_v1* api, Pending* p, const void* src, void* dst,
+void Submit(OpKernelContext* ctx, const tnt_comm_api_v2* api, Pending* p, const void* src, void* dst,
             std::uint64_t count, std::int32_t dtype, std::int32_t op) {
-  if (api->allreduce_async(src, dst, count, dtype, op, &OnDone, p) == 0) return;
-  const std::string message = api->last_error();
+  // Group 0: the world, the group of every rank tnt-keras trains on.
+  if (api->allreduce_async(0, src, dst, count, dtype, op, &OnDone, p) == 0) return;
+  const tnt_comm_error* error = api->last_error();
   delete p;
-  ctx->CtxFailure(absl::InternalError(absl::StrCat("tnt_comm allreduce could not start: ", message)));
+  ctx->CtxFailure(ErrorStatus("tnt_comm allreduce could not start: ", error->message, ErrorData(*error)));
 }
 
 class AllreduceStartOp : public OpKernel {
@@ -179,7 +230,7 @@ class AllreduceStartOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    const tnt_comm_api_v1* api = g_api.load(std::memory_order_acquire);
+    const tnt_comm_api_v2* api = g_api.load(std::memory_order_acquire);
     OP_REQUIRES(ctx, api != nullptr,
                 absl::FailedPreconditionError("tnt_comm's C API was not handed to the op library; "
                                               "load it through tnt_keras.ops"));
@@ -259,7 +310,7 @@ class FusedSumStartOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    const tnt_comm_api_v1* api = g_api.load(std::memory_order_acquire);
+    const tnt_comm_api_v2* api = g_api.load(std::memory_order_acquire);
     OP_REQUIRES(ctx, api != nullptr,
                 absl::FailedPreconditionError("tnt_comm's C API was not handed to the op library; "
                                               "load it through tnt_keras.ops"));
@@ -295,7 +346,7 @@ class FusedSumStartOp : public OpKernel {
     p->offsets = std::move(offsets);
     p->shapes = std::move(shapes);
     handle->scalar<std::int64_t>()() = reinterpret_cast<std::intptr_t>(p);
-    Submit(ctx, api, p, output->data(), output->data(), static_cast<std::uint64_t>(total), dtype_, 0);
+    Submit(ctx, api, p, output->data(), output->data(), static_cast<std::uint64_t>(total), dtype_, TNT_COMM_SUM);
   }
 
  private:
@@ -344,10 +395,10 @@ class AllreduceWaitOp : public AsyncOpKernel {
 // on success (also when the same table is handed again), 1 for a null table, 2 for a table of
 // another ABI version, 3 when a different table was already set.
 extern "C" __attribute__((visibility("default"))) int tnt_ops_set_api(const void* table) {
-  const auto* api = static_cast<const tnt_comm_api_v1*>(table);
+  const auto* api = static_cast<const tnt_comm_api_v2*>(table);
   if (api == nullptr) return 1;
   if (api->version != TNT_COMM_C_API_VERSION) return 2;
-  const tnt_comm_api_v1* expected = nullptr;
+  const tnt_comm_api_v2* expected = nullptr;
   if (g_api.compare_exchange_strong(expected, api, std::memory_order_acq_rel)) return 0;
   return expected == api ? 0 : 3;
 }

@@ -1,0 +1,48 @@
+"""tnt-comm's errors as data: what an error is about (the ranks to blame, the call that stopped), in
+a plain dict that crosses process and library boundaries (the C ABI's tnt_comm_error, a TensorFlow
+op's Status payload, tnt-launch's reports) and becomes the same exception again on the other side."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import _core
+
+# The classes by the kind codes of c_api.h (enum tnt_comm_error_kind), and back.
+_BY_CODE: dict[int, type[Exception]] = {
+    1: _core.TntError,
+    2: _core.CollectiveMismatch,
+    3: _core.PeerFailure,
+    4: _core.Timeout,
+    5: _core.InvalidArgument,
+}
+_BY_NAME = {cls.__name__: cls for cls in _BY_CODE.values()}
+FIELDS = ("ranks", "operation", "group", "call", "mine", "theirs")
+
+
+def error_data(error: BaseException) -> dict[str, Any]:
+    """The data of a tnt-comm error: ``{"kind": "PeerFailure", "message": ..., "ranks": [2],
+    "operation": "allreduce", "group": ..., "call": 4, "mine": None, "theirs": None}``."""
+    data: dict[str, Any] = {"kind": type(error).__name__, "message": str(error)}
+    for name in FIELDS:
+        value = getattr(error, name, None)
+        data[name] = list(value) if name == "ranks" else value
+    return data
+
+
+def error_from_data(data: dict[str, Any], message: str | None = None) -> Exception:
+    """The exception tnt-comm's Python API raises for ``data`` (from ``error_data``, or the C ABI's
+    fields, where ``kind`` is a code and empty strings or -1 stand for none), with ``message`` in
+    place of the data's own if given. Unknown kinds give a plain ``TntError``."""
+    kind = data.get("kind")
+    cls = _BY_CODE.get(kind, _core.TntError) if isinstance(kind, int) else _BY_NAME.get(str(kind), _core.TntError)
+    error = cls(message if message is not None else data.get("message", ""))
+    error.ranks = [int(r) for r in data.get("ranks") or ()]
+    for name in ("operation", "mine", "theirs"):
+        setattr(error, name, data.get(name) or None)
+    for name in ("group", "call"):
+        value = data.get(name)
+        setattr(error, name, None if value is None or value == -1 or (name == "group" and value == 0) else int(value))
+    if cls is _core.PeerFailure:
+        error.rank = error.ranks[0] if error.ranks else None
+    return error
