@@ -154,6 +154,28 @@ def test_stopped_rank_is_blamed_first(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
+def test_rank_elsewhere_is_blamed_from_the_reports(tmp_path: Path) -> None:
+    """A rank busy elsewhere in its program (not stopped, so no host can see it): the others time
+    out, their reports (tnt_comm's errors as data) blame it, and the summary leads with it."""
+    script = tmp_path / "elsewhere.py"
+    script.write_text(
+        "import time, numpy as np, tnt_comm as tc\n"
+        "x = np.ones(1000, np.float32)\n"
+        "tc.allreduce(x)\n"
+        "if tc.rank() == 1:\n"
+        "    time.sleep(60)\n"
+        "tc.allreduce(x)\n"
+    )
+    out = launch(["-n", "3", "--timeout", "3", "--", str(script)], timeout=100)
+    assert out.returncode != 0
+    summary = [line for line in (out.stdout + out.stderr).splitlines() if " failed: " in line]
+    assert summary, out.stdout[-2000:] + out.stderr[-3000:]
+    assert re.search(r"failed: rank 1 made no progress \(named by the timeout messages? of rank [02]", summary[0]), (
+        summary[0]
+    )
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("value", ["inf", "1e10"])
 def test_unbounded_timeout_under_launch(value: str) -> None:
     out = launch(["-n", "2", "--timeout", value, "--", "examples/allreduce.py"])

@@ -19,7 +19,9 @@ import tnt_comm
 PACKAGE = Path(tnt_comm.__file__).parent
 # Demangled names tnt's libraries may export: its namespace (with vtables and typeinfo), the C ABI
 # and the Python module's init function. Linkers also mark a few ELF housekeeping symbols global.
-ALLOWED = re.compile(r"^((typeinfo|typeinfo name|vtable|VTT) for )?tnt::|^tnt_comm_api$|^PyInit__core$|^_init$|^_fini$")
+ALLOWED = re.compile(
+    r"^((typeinfo|typeinfo name|vtable|VTT) for )?tnt::|^tnt_comm_api$|^PyInit__core$|^_init$|^_fini$"
+)
 # A build with GPI-2 also exports the one GPI-2 function it replaces (test_gpi2_clock.py).
 GPI2_BUILD = "gpi2" in tnt_comm.build_info()["transports"]
 GPI2_REPLACED = "gaspi_get_cpufreq"

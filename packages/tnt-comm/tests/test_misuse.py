@@ -25,9 +25,7 @@ def expect(exc, fn, *texts):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("n", [1, 2])
 def test_handles_kept_past_finalize_raise(n: int, tmp_path: Path) -> None:
-    code = (
-        EXPECT
-        + """
+    code = EXPECT + """
 r = tc.rank()
 g = tc.new_group(list(range(tc.size())))
 world = tc.world()
@@ -48,16 +46,13 @@ assert tc.rank() == r                      # and the rank stays known
 tc.finalize()                              # twice is harmless
 print("ok")
 """
-    )
     for res in run(n, code, tmp_path):
         assert res.stdout.strip() == "ok", res.stderr[-2000:]
 
 
 @pytest.mark.timeout(60)
 def test_foreign_byte_order_is_refused(tmp_path: Path) -> None:
-    code = (
-        EXPECT
-        + """
+    code = EXPECT + """
 big = np.ones(4, dtype=">f4")
 expect(TypeError, lambda: tc.allreduce(big), ">f4", "byte order", "astype('float32')")
 expect(TypeError, lambda: tc.broadcast(np.ones(4, dtype=">i8")), "byte order")
@@ -65,7 +60,6 @@ expect(TypeError, lambda: tc.FusedAllreduce([((4,), ">f8")]), "byte order")
 # Refused before anything was sent: the ranks are still in step, and native data sums exactly.
 print(tc.allreduce(big.astype("float32")).tolist(), tc.allreduce(np.ones(2, "<f4")).tolist())
 """
-    )
     for res in run(2, code, tmp_path):
         assert res.stdout.strip() == "[2.0, 2.0, 2.0, 2.0] [2.0, 2.0]", res.stderr[-2000:]
 
@@ -73,9 +67,7 @@ print(tc.allreduce(big.astype("float32")).tolist(), tc.allreduce(np.ones(2, "<f4
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("timeout", ["inf", "1e10", "1e300"])
 def test_unbounded_timeouts_mean_no_limit(timeout: str, tmp_path: Path) -> None:
-    code = (
-        EXPECT
-        + """
+    code = EXPECT + """
 import time
 x = np.ones(8, np.float32)
 print(tc.allreduce(x)[0])
@@ -89,7 +81,6 @@ w = tc.ibarrier()
 assert w.wait(timeout=float("inf")) is None
 print("ok")
 """
-    )
     for res in run(2, code, tmp_path, env={"TNT_TIMEOUT_S": timeout}):
         assert res.stdout.split() == ["2.0", "ok"], res.stderr[-2000:]
 
@@ -98,13 +89,10 @@ print("ok")
 @pytest.mark.parametrize("variable", ["TNT_TIMEOUT_S", "TNT_START_TIMEOUT_S"])
 @pytest.mark.parametrize("value", ["nan", "0", "-1", "soon"])
 def test_bad_timeouts_are_refused(variable: str, value: str, tmp_path: Path) -> None:
-    code = (
-        EXPECT
-        + f"""
+    code = EXPECT + f"""
 expect(ValueError, tc.init, "{variable}={value} is not a positive number of seconds")
 print("refused")
 """
-    )
     for res in Job(2, code, tmp_path, env={variable: value}).wait(40):
         assert res.stdout.strip() == "refused", res.stderr[-2000:]
 

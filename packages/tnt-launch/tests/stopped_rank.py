@@ -1,5 +1,6 @@
 """A rank for the tests of ranks that make no progress: one rank stops itself with SIGSTOP, the
-others wait a second and fail as tnt-comm's collectives would, with a timeout message.
+others wait a second and fail as tnt-comm's collectives would: a timeout message, and the report of
+the error as data that tnt_comm writes to TNT_REPORT_FD (see tnt_comm/_errors.py).
 
 Usage: stopped_rank.py PID_DIR STOPPED_RANK. Every rank first writes PID_DIR/rank-<TNT_RANK>.pid.
 Imports nothing of tnt.
@@ -7,6 +8,7 @@ Imports nothing of tnt.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -41,8 +43,10 @@ def main() -> int:
     # machine the stopped rank (on another host: through ssh) may take longer to get that far.
     _wait_until_stopped(os.path.join(pid_dir, f"rank-{stopped}.pid"))
     time.sleep(1)
-    print(f"rank {rank} timed out: no progress for 1 s in allreduce, waiting for rank {stopped}",
-          file=sys.stderr)
+    message = f"rank {rank} timed out: no progress for 1 s in allreduce, waiting for rank {stopped}"
+    error = {"kind": "Timeout", "message": message, "ranks": [stopped], "operation": "allreduce", "call": 1}
+    os.write(int(os.environ["TNT_REPORT_FD"]), (json.dumps({"event": "error", "error": error}) + "\n").encode())
+    print(message, file=sys.stderr)
     return 1
 
 

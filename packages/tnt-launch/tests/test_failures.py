@@ -13,8 +13,6 @@ from pathlib import Path
 import pytest
 from conftest import RANK, STOPPED_RANK, Launcher, assert_job_gone, read_reports, running, tree
 
-from tnt_launch.supervise import no_progress_ranks
-
 
 def _pids(reports: list[dict]) -> list[int]:
     return [r["pid"] for r in reports] + [r["child_pid"] for r in reports if r["child_pid"]]
@@ -158,17 +156,3 @@ def test_a_stopped_rank_is_named_first_and_cleaned_up(launcher: Launcher, tmp_pa
     # SIGTERM and SIGCONT ended the stopped rank at once, not SIGKILL after the grace period.
     assert elapsed < 1 + 4.5, done.stderr
     assert_job_gone(job_id, [int(p.read_text()) for p in pids.glob("*.pid")])
-
-
-def test_ranks_named_by_tnt_comm_timeout_messages() -> None:
-    lines = [
-        "Traceback (most recent call last):",
-        ("tnt_comm.Timeout: rank 2 timed out: no progress for 30 s in allreduce #7 "
-         "(float32[1024]), waiting for rank 0, rank 1, rank 3; made no progress: rank 1, rank 3 "
-         "(TNT_TIMEOUT_S sets this limit)"),
-        "made no progress: rank 12",
-        "made no progress: rank 3, rank 0",
-        "made no progress since start",  # not the phrase
-    ]
-    assert no_progress_ranks(lines) == [1, 3, 12, 0]
-    assert no_progress_ranks(["rank 0 timed out: no progress for 1 s"]) == []

@@ -26,7 +26,7 @@ import numpy as np
 
 from . import _core
 from ._buffers import OP_CODES, as_array, dtype_code, op_code
-from ._errors import error_data, error_from_data
+from ._errors import error_data, error_from_data, install_report_hook
 
 __all__ = [
     "CollectiveMismatch",
@@ -85,6 +85,8 @@ for _type in (TntError, _core.InvalidArgument):
     _type.ranks = ()
     _type.operation = _type.group = _type.call = _type.mine = _type.theirs = None
 PeerFailure.rank = None  # the first of ``ranks``, kept for older callers
+
+install_report_hook()  # a rank under tnt-launch reports the error it ends with, as data
 
 _finalizer_registered = False
 

@@ -4,6 +4,10 @@ op's Status payload, tnt-launch's reports) and becomes the same exception again 
 
 from __future__ import annotations
 
+import json
+import os
+import sys
+from types import TracebackType
 from typing import Any
 
 from . import _core
@@ -46,3 +50,29 @@ def error_from_data(data: dict[str, Any], message: str | None = None) -> Excepti
     if cls is _core.PeerFailure:
         error.rank = error.ranks[0] if error.ranks else None
     return error
+
+
+REPORT_FD = "TNT_REPORT_FD"
+"""The environment variable through which a launcher (tnt-launch's agent) hands a rank the file
+descriptor where the rank reports the exception it ends with, as data: one JSON line
+``{"event": "error", "error": error_data(e)}``. The launcher blames ranks from these reports."""
+
+
+def install_report_hook() -> None:
+    """Under a launcher that asks for it (``TNT_REPORT_FD``), report an uncaught exception before
+    Python prints it; the previous hook then prints it as before."""
+    fd = os.environ.get(REPORT_FD, "")
+    if not fd.isdigit() or getattr(sys.excepthook, "_tnt_reports", False):
+        return
+    previous = sys.excepthook
+
+    def report(kind: type[BaseException], value: BaseException, traceback: TracebackType | None) -> None:
+        try:
+            line = json.dumps({"event": "error", "error": error_data(value)}, default=str) + "\n"
+            os.write(int(fd), line.encode())
+        except (OSError, ValueError, TypeError):
+            pass  # the launcher is gone or the fd is not ours: the traceback still follows
+        previous(kind, value, traceback)
+
+    report._tnt_reports = True  # type: ignore[attr-defined]
+    sys.excepthook = report

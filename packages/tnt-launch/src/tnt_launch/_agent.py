@@ -10,7 +10,9 @@ over ssh, in one of four modes:
   connection is gone. SIGTERM is followed by SIGCONT, so that a stopped rank (SIGSTOP, Ctrl+Z)
   acts on it. Once the rank has exited, everything left of it is killed. The agent talks to
   tnt-launch on stderr, in lines starting with `MARKER`: {"event": "ready"} as soon as it runs,
-  {"event": "exit", ...} with the rank's status at the end, and {"event": "state", ...} in
+  {"event": "error", ...} with the exception the rank ends with, as data, the moment the rank
+  reports it (see `REPORT_FD`), {"event": "exit", ...} with the rank's status at the end, and
+  {"event": "state", ...} in
   answer to 'S' on stdin: which processes of the rank are stopped (state T) or stopped by a
   tracer (t, a debugger), checked here because only this host can see them. Each such line is
   written with one write() of less than PIPE_BUF bytes, so it never splits, nor is split by, a
@@ -42,6 +44,12 @@ from tnt_launch import jobs
 
 MARKER = "\x1eTNT-AGENT "
 """Starts the lines an agent writes to stderr for tnt-launch (never shown to users)."""
+
+REPORT_FD = "TNT_REPORT_FD"
+"""Hands the rank the write end of a pipe: tnt_comm reports there the exception the rank ends with,
+as data (tnt_comm._errors.REPORT_FD), and the agent passes it on as an {"event": "error"} line."""
+_REPORT_CHARS = 1500
+"""The longest text of a report the agent passes on: its line must stay below PIPE_BUF bytes."""
 
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -192,6 +200,25 @@ def _tell(message: dict[str, Any]) -> None:
         pass
 
 
+def _relay_reports(fd: int, rank: int) -> None:
+    """Pass the rank's error reports on to tnt-launch as they come, until the pipe closes (the rank
+    and everything it started have exited)."""
+    with os.fdopen(fd, "rb") as reports:
+        for line in reports:
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(message, dict) or message.get("event") != "error":
+                continue
+            error = message.get("error")
+            if isinstance(error, dict):
+                error = {k: v[:_REPORT_CHARS] if isinstance(v, str) else v for k, v in error.items()}
+                if isinstance(error.get("ranks"), list):
+                    error["ranks"] = error["ranks"][:64]
+            _tell({"event": "error", "rank": rank, "error": error})
+
+
 def _report(rank: int, code: int | None, sig: int | None = None, error: str | None = None) -> int:
     _tell({"event": "exit", "rank": rank, "code": code, "signal": sig, "error": error})
     return code if code is not None else 128 + (sig or 0)
@@ -222,11 +249,20 @@ def run_rank(request: dict[str, Any], pending: bytes = b"") -> int:
     env = dict(os.environ)
     env.update(request["env"])
     argv = list(request["argv"])
+    report_read, report_write = os.pipe()
+    env[REPORT_FD] = str(report_write)
     try:
-        child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+        child = subprocess.Popen(
+            argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=(report_write,)
+        )
     except OSError as e:
+        os.close(report_read)
         code = 127 if e.errno == errno.ENOENT else 126
         return _report(rank, code, error=f"cannot run {argv[0]}: {e.strerror}")
+    finally:
+        os.close(report_write)
+    relay = threading.Thread(target=_relay_reports, args=(report_read, rank), daemon=True)
+    relay.start()
 
     entry = jobs.write_entry(
         registry,
@@ -246,6 +282,7 @@ def run_rank(request: dict[str, Any], pending: bytes = b"") -> int:
     stopper.finished()
     child.returncode = code if code is not None else -(sig or 0)
     jobs.remove_entry(entry)
+    relay.join(timeout=2.0)  # the rank's report, if any, goes out before its exit
     return _report(rank, code, sig)
 
 

@@ -18,14 +18,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import selectors
 import signal
 import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -48,29 +47,12 @@ _HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 STATE_WAIT_S = 3.0
 """How long a failing job waits for its agents to say whether their ranks are stopped (an ssh
 round trip) before it stops them anyway."""
-NO_PROGRESS = re.compile(r"made no progress: (rank \d+(?:, rank \d+)*)")
-"""What tnt-comm's timeout message says about the ranks it waited for in vain."""
-_TIMED_OUT = re.compile(r"\btimed out\b")
-# The last line of a traceback of a tnt-comm failure (a dead or stalled peer, a mismatch): the rank
-# is about to exit with it. TensorFlow's teardown can take seconds after it, so the job is stopped
-# FATAL_GRACE_S after such a line even while the rank still runs.
-_FATAL = re.compile(r"^tnt_comm(\._core)?\.(Timeout|PeerFailure|CollectiveMismatch): ")
+# The kinds of tnt-comm's failures (tnt_comm.error_data's "kind"): the rank is about to exit with
+# one of them. TensorFlow's teardown can take seconds after it, so the job is stopped FATAL_GRACE_S
+# after such a report even while the rank still runs.
+FATAL_KINDS = ("Timeout", "PeerFailure", "CollectiveMismatch")
 FATAL_GRACE_S = 1.0
-_PEER_FAILED = re.compile(r"^tnt_comm(\._core)?\.PeerFailure: rank (\d+) failed")
-"""The last line of a rank that failed because another rank died first."""
 STOPPED_REASON = "process stopped, e.g. by SIGSTOP or a debugger"
-
-
-def no_progress_ranks(lines: Iterable[str]) -> list[int]:
-    """The ranks that tnt-comm's timeout messages in `lines` say made no progress, in order."""
-    found: list[int] = []
-    for line in lines:
-        for match in NO_PROGRESS.finditer(line):
-            for word in match.group(1).split(", "):
-                rank = int(word.removeprefix("rank "))
-                if rank not in found:
-                    found.append(rank)
-    return found
 
 
 def _ranks(numbers: Sequence[int]) -> str:
@@ -190,17 +172,38 @@ class _RankRun:
         self.state: dict[str, Any] | None = None
         """The agent's answer to 'S': which of the rank's processes are stopped."""
         self.state_asked = False
-        self.named_no_progress: list[int] = []
-        """Ranks that this rank's stderr said made no progress (tnt-comm's timeout message)."""
-        self.timed_out = False
+        self.error: dict[str, Any] | None = None
+        """The exception the rank reported it ends with, as data (tnt_comm.error_data)."""
         self.fatal_at: float | None = None
-        """When the rank printed a tnt-comm failure as the end of a traceback (see _FATAL)."""
+        """When the rank reported a tnt-comm failure (see FATAL_KINDS)."""
         self.files: dict[str, BinaryIO] = {}
         self.streams: list[_Stream] = []
 
     @property
     def running(self) -> bool:
         return self.status is None
+
+    def _blamed(self, kind: str) -> list[int]:
+        """The ranks this rank's report of a ``kind`` error blames."""
+        if self.error is None or self.error.get("kind") != kind:
+            return []
+        return [r for r in self.error.get("ranks") or [] if isinstance(r, int)]
+
+    @property
+    def timed_out(self) -> bool:
+        return self.error is not None and self.error.get("kind") == "Timeout"
+
+    @property
+    def named_no_progress(self) -> list[int]:
+        """The ranks its timeout in a collective blames: those that made no progress in it (a
+        start that timed out blames the ranks that did not arrive: not this)."""
+        return self._blamed("Timeout") if self.error and self.error.get("operation") else []
+
+    @property
+    def named_dead(self) -> int | None:
+        """The rank whose death its PeerFailure reports."""
+        ranks = self._blamed("PeerFailure")
+        return ranks[0] if ranks else None
 
     def send(self, command: bytes) -> None:
         if self.proc is None or self.proc.stdin is None or self.proc.stdin.closed:
@@ -374,15 +377,6 @@ class Supervisor:
             # Of a line redrawn with carriage returns (a progress bar) keep the last state.
             text = line.decode(errors="replace").rstrip("\n").rstrip("\r")
             run.tail.append(text.rsplit("\r", 1)[-1])
-            # Seen in every line, not only the tail: more may follow tnt-comm's message.
-            if "made no progress" in text:
-                for rank in no_progress_ranks([text]):
-                    if rank not in run.named_no_progress:
-                        run.named_no_progress.append(rank)
-            if not run.timed_out and _TIMED_OUT.search(text):
-                run.timed_out = True
-            if run.fatal_at is None and _FATAL.match(text):
-                run.fatal_at = time.monotonic()
         if self.config.output_on_all_devices:
             self.output.write(stream.name, self._prefix(run) + line)
 
@@ -397,6 +391,10 @@ class Supervisor:
             run.ready = True
         elif message.get("event") == "exit":
             run.reported = message
+        elif message.get("event") == "error" and isinstance(message.get("error"), dict) and run.error is None:
+            run.error = message["error"]
+            if run.error.get("kind") in FATAL_KINDS:
+                run.fatal_at = time.monotonic()
         elif message.get("event") == "state":
             run.state = message
 
@@ -712,10 +710,10 @@ class Supervisor:
         """The rank whose death `failure`'s PeerFailure names, where that rank failed on its own,
         else `failure`: the exits of ranks on different hosts reach tnt-launch in any order, and a
         survivor that saw the dead rank's connection close may be heard of first."""
-        named = next((m for line in reversed(failure.tail) if (m := _PEER_FAILED.match(line))), None)
+        named = failure.named_dead
         if named is None:
             return failure
-        dead = next((r for r in self.runs if r.spec.rank == int(named.group(2))), None)
+        dead = next((r for r in self.runs if r.spec.rank == named), None)
         if dead is None or dead is failure or not dead.failed_on_its_own or dead.status is None:
             return failure
         return dead
