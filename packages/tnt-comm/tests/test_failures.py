@@ -84,7 +84,7 @@ except tc.PeerFailure as e:
         assert res.stdout.startswith("PEER 2 "), (res.rank, res.stdout, res.stderr[-2000:])
         assert float(res.stdout.split()[2]) < 10
         assert "rank 2" in res.stdout
-        assert res.stdout.split()[3:4] == ["[2]"], res.stdout  # e.ranks, as data
+        assert res.stdout.split()[3:5] == ["[2]", "allreduce"], res.stdout  # e.ranks and e.operation, as data
     assert not job.shm_leftovers()
 
 

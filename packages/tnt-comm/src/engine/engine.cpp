@@ -65,7 +65,7 @@ void Engine::submit(const std::shared_ptr<Operation>& op, bool background) {
     std::lock_guard<std::mutex> lock(submit_mutex_);
     if (fabric_.failed()) {
       try {
-        fabric_.throw_failure();
+        fabric_.throw_failure(op->descriptor().detail({}));
       } catch (...) {
         op->finish(std::current_exception());
       }
@@ -98,12 +98,6 @@ void Engine::absorb_incoming() {
 }
 
 void Engine::fail_all() {
-  std::exception_ptr error;
-  try {
-    fabric_.throw_failure();
-  } catch (...) {
-    error = std::current_exception();
-  }
   absorb_incoming();
   // What a peer sent before it died has landed (in our segment, or through the receiver before
   // it saw the connection close): an operation that has everything it needs still completes,
@@ -119,7 +113,12 @@ void Engine::fail_all() {
     op->finish(nullptr);
   }
   for (auto& op : active_) {
-    if (!op->completed()) op->finish(error);
+    if (op->completed()) continue;
+    try {
+      fabric_.throw_failure(op->descriptor().detail({}));  // the error, naming this call
+    } catch (...) {
+      op->finish(std::current_exception());
+    }
   }
   active_.clear();
 }

@@ -443,13 +443,18 @@ void Fabric::tell_failure() {
   }
 }
 
-void Fabric::throw_failure() const {
+void Fabric::throw_failure(const ErrorDetail& call) const {
   std::string message;
   ErrorDetail detail;
   {
     std::lock_guard<std::mutex> lock(failure_mutex_);
     message = failure_message_;
     detail = failure_detail_;
+  }
+  if (detail.operation.empty()) {
+    detail.operation = call.operation;
+    detail.group = call.group;
+    detail.call = call.call;
   }
   switch (failure_.load(std::memory_order_acquire)) {
     case FailureKind::mismatch: throw CollectiveMismatch(message, std::move(detail));

@@ -53,7 +53,9 @@ class Fabric {
   // Records the first failure, wakes every waiter and, if asked, tells every peer (abort frame).
   void fail(FailureKind kind, ErrorDetail detail, const std::string& message, bool tell_peers);
   bool failed() const { return failure_.load(std::memory_order_acquire) != FailureKind::none; }
-  [[noreturn]] void throw_failure() const;
+  // Throws the recorded failure; `call` (operation, group, call number) fills in the call it
+  // stopped where the failure itself names none (a peer's connection closed between calls).
+  [[noreturn]] void throw_failure(const ErrorDetail& call = {}) const;
 
   // Tells every peer that this rank finalized and will send no more (unless the job failed).
   void say_goodbye();
