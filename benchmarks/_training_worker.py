@@ -341,7 +341,7 @@ def main() -> int:
         if tnt is not None:
             model = tnt.Model(model)
         model.compile(**compile_args)
-        # solo: batches of this rank's slice size (the DESIGN.md formula), so the work per process
+        # solo: batches of this rank's slice size (the slicing rule of docs/design.md), so the work per process
         # is what a tnt rank does, without the slicing map and without communication.
         local_batch = args.batch // size + (rank < args.batch % size) if args.mode == "solo" else args.batch
         ds = dataset(tf, spec, argparse.Namespace(**{**vars(args), "batch": local_batch}))

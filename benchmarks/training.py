@@ -35,6 +35,7 @@ from pathlib import Path
 
 import _ranks
 import _training_worker as worker
+from tnt_launch import contract
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -44,17 +45,7 @@ TNT_KERAS_SRC = REPO / "packages" / "tnt-keras" / "src"
 # Thread settings are part of each configuration (see thread_env); inherited ones would blur them.
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
 # The launcher's contract: a leftover from the calling shell must not turn a worker into a rank.
-CONTRACT_VARIABLES = (
-    "TNT_RANK",
-    "TNT_SIZE",
-    "TNT_LOCAL_RANK",
-    "TNT_LOCAL_SIZE",
-    "TNT_NODE_RANK",
-    "TNT_MASTER_ADDR",
-    "TNT_MASTER_PORT",
-    "TNT_JOB_ID",
-    "TNT_JOB_TOKEN",
-)
+CONTRACT_VARIABLES = contract.IDENTITY
 
 # The ratios tnt is measured by, each a row of a model's targets table: tnt 2 ranks' samples/s over a
 # baseline's, or (overhead) tnt 1 rank's step time over plain Keras', in percent.

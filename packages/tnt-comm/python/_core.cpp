@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "tnt_comm/build_info.hpp"
 #include "tnt_comm/c_api.h"
 #include "tnt_comm/tnt_comm.hpp"
-#include "transport/gpi2.hpp"
 
 namespace py = pybind11;
 using tnt::DType;
@@ -97,6 +97,20 @@ void name_this_thread() {
 
 tnt::Group& group_or_world(tnt::Group* g) { return g != nullptr ? *g : tnt::Runtime::init().world(); }
 
+// The one body of every collective binding: names the thread, releases the GIL and runs the
+// blocking form (returning None) or starts the non-blocking one (returning its Work).
+template <typename Blocking, typename Async>
+std::optional<tnt::Work> collective(tnt::Group* g, bool blocking, const Blocking& now, const Async& later) {
+  name_this_thread();
+  py::gil_scoped_release release;
+  tnt::Group& grp = group_or_world(g);
+  if (blocking) {
+    now(grp);
+    return std::nullopt;
+  }
+  return later(grp);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -160,16 +174,15 @@ PYBIND11_MODULE(_core, m) {
   // What this build was compiled with; needs no running job.
   m.def("build_info", [] {
     py::dict d;
-    const tnt::Gpi2Build gpi2 = tnt::gpi2_build();
-    if (gpi2.version.empty()) {
-      d["transports"] = std::vector<std::string>{"shm", "tcp"};
+    const tnt::BuildInfo info = tnt::build_info();
+    d["transports"] = info.transports;
+    if (info.gpi2_version.empty()) {
       d["gpi2"] = py::none();  // no GPI-2 transport in this build (TNT_TRANSPORT=gpi2 is refused)
     } else {
-      d["transports"] = std::vector<std::string>{"shm", "tcp", "gpi2"};
       py::dict g;
-      g["version"] = gpi2.version;
-      g["prefix"] = gpi2.prefix;
-      g["network"] = gpi2.network;
+      g["version"] = info.gpi2_version;
+      g["prefix"] = info.gpi2_prefix;
+      g["network"] = info.gpi2_network;
       d["gpi2"] = g;
     }
 #if defined(__clang__)
@@ -202,100 +215,58 @@ PYBIND11_MODULE(_core, m) {
 
   // Collectives take numpy arrays (the Python layer turns other buffers into arrays without
   // copying); checks happen here, in C++, to keep small blocking calls within a microsecond or so.
-  // blocking=True drives the operation on this thread and returns a completed Work.
-  m.def(
-      "allreduce",
-      [](tnt::Group* g, const py::array& in, const py::array& out, int op, bool blocking) {
-    name_this_thread();
-        View a = view(in, "x", false);
-        View o = view(out, "out", true);
-        same_layout(a, o, a.count, "out");
-        py::gil_scoped_release release;
-        tnt::Group& grp = group_or_world(g);
-        if (blocking) {
-          grp.allreduce(a.ptr, o.ptr, a.count, a.dtype, static_cast<ReduceOp>(op));
-          return std::optional<tnt::Work>();
-        }
-        return std::optional<tnt::Work>(
-            grp.allreduce_async(a.ptr, o.ptr, a.count, a.dtype, static_cast<ReduceOp>(op)));
-      });
+  // Each binding checks its buffers, then hands `collective` the blocking and non-blocking forms.
+  m.def("allreduce", [](tnt::Group* g, const py::array& in, const py::array& out, int op, bool blocking) {
+    const View a = view(in, "x", false), o = view(out, "out", true);
+    same_layout(a, o, a.count, "out");
+    const auto reduce = static_cast<ReduceOp>(op);
+    return collective(
+        g, blocking, [&](tnt::Group& grp) { grp.allreduce(a.ptr, o.ptr, a.count, a.dtype, reduce); },
+        [&](tnt::Group& grp) { return grp.allreduce_async(a.ptr, o.ptr, a.count, a.dtype, reduce); });
+  });
   m.def("broadcast", [](tnt::Group* g, const py::array& buf, int root, bool blocking) {
-    name_this_thread();
-    View a = view(buf, "x", true);
-    py::gil_scoped_release release;
-    tnt::Group& grp = group_or_world(g);
-    if (blocking) {
-      grp.broadcast(a.ptr, a.count, a.dtype, root);
-      return tnt::Work();
-    }
-    return grp.broadcast_async(a.ptr, a.count, a.dtype, root);
+    const View a = view(buf, "x", true);
+    return collective(
+        g, blocking, [&](tnt::Group& grp) { grp.broadcast(a.ptr, a.count, a.dtype, root); },
+        [&](tnt::Group& grp) { return grp.broadcast_async(a.ptr, a.count, a.dtype, root); });
   });
   m.def("allgather", [](tnt::Group* g, const py::array& in, const py::array& out, bool blocking) {
-    name_this_thread();
-    View a = view(in, "x", false);
-    View o = view(out, "out", true);
-    tnt::Group& grp = group_or_world(g);
-    same_layout(a, o, a.count * static_cast<std::size_t>(grp.size()), "out");
-    py::gil_scoped_release release;
-    if (blocking) {
-      grp.allgather(a.ptr, o.ptr, a.count, a.dtype);
-      return tnt::Work();
-    }
-    return grp.allgather_async(a.ptr, o.ptr, a.count, a.dtype);
+    const View a = view(in, "x", false), o = view(out, "out", true);
+    same_layout(a, o, a.count * static_cast<std::size_t>(group_or_world(g).size()), "out");
+    return collective(
+        g, blocking, [&](tnt::Group& grp) { grp.allgather(a.ptr, o.ptr, a.count, a.dtype); },
+        [&](tnt::Group& grp) { return grp.allgather_async(a.ptr, o.ptr, a.count, a.dtype); });
   });
   m.def("allgatherv", [](tnt::Group* g, const py::array& in, const py::array& out,
                          std::vector<std::size_t> counts) {
     name_this_thread();
-    View a = view(in, "x", false);
-    View o = view(out, "out", true);
+    const View a = view(in, "x", false), o = view(out, "out", true);
     py::gil_scoped_release release;
     group_or_world(g).allgatherv(a.ptr, o.ptr, counts, a.dtype);
   });
-  m.def("reduce_scatter", [](tnt::Group* g, const py::array& in, const py::array& out, int op,
-                             bool blocking) {
-    name_this_thread();
-    View a = view(in, "x", false);
-    View o = view(out, "out", true);
-    tnt::Group& grp = group_or_world(g);
-    same_layout(a, o, a.count / static_cast<std::size_t>(grp.size()), "out");
-    py::gil_scoped_release release;
-    if (blocking) {
-      grp.reduce_scatter(a.ptr, o.ptr, o.count, a.dtype, static_cast<ReduceOp>(op));
-      return tnt::Work();
-    }
-    return grp.reduce_scatter_async(a.ptr, o.ptr, o.count, a.dtype, static_cast<ReduceOp>(op));
+  m.def("reduce_scatter", [](tnt::Group* g, const py::array& in, const py::array& out, int op, bool blocking) {
+    const View a = view(in, "x", false), o = view(out, "out", true);
+    same_layout(a, o, a.count / static_cast<std::size_t>(group_or_world(g).size()), "out");
+    const auto reduce = static_cast<ReduceOp>(op);
+    return collective(
+        g, blocking, [&](tnt::Group& grp) { grp.reduce_scatter(a.ptr, o.ptr, o.count, a.dtype, reduce); },
+        [&](tnt::Group& grp) { return grp.reduce_scatter_async(a.ptr, o.ptr, o.count, a.dtype, reduce); });
   });
   m.def("barrier", [](tnt::Group* g, bool blocking) {
-    name_this_thread();
-    py::gil_scoped_release release;
-    tnt::Group& grp = group_or_world(g);
-    if (blocking) {
-      grp.barrier();
-      return tnt::Work();
-    }
-    return grp.barrier_async();
+    return collective(
+        g, blocking, [](tnt::Group& grp) { grp.barrier(); }, [](tnt::Group& grp) { return grp.barrier_async(); });
   });
   m.def("send", [](tnt::Group* g, const py::array& buf, int peer, bool blocking) {
-    name_this_thread();
-    View a = view(buf, "x", false);
-    py::gil_scoped_release release;
-    tnt::Group& grp = group_or_world(g);
-    if (blocking) {
-      grp.send(a.ptr, a.count, a.dtype, peer);
-      return tnt::Work();
-    }
-    return grp.send_async(a.ptr, a.count, a.dtype, peer);
+    const View a = view(buf, "x", false);
+    return collective(
+        g, blocking, [&](tnt::Group& grp) { grp.send(a.ptr, a.count, a.dtype, peer); },
+        [&](tnt::Group& grp) { return grp.send_async(a.ptr, a.count, a.dtype, peer); });
   });
   m.def("recv", [](tnt::Group* g, const py::array& buf, int peer, bool blocking) {
-    name_this_thread();
-    View a = view(buf, "out", true);
-    py::gil_scoped_release release;
-    tnt::Group& grp = group_or_world(g);
-    if (blocking) {
-      grp.recv(a.ptr, a.count, a.dtype, peer);
-      return tnt::Work();
-    }
-    return grp.recv_async(a.ptr, a.count, a.dtype, peer);
+    const View a = view(buf, "out", true);
+    return collective(
+        g, blocking, [&](tnt::Group& grp) { grp.recv(a.ptr, a.count, a.dtype, peer); },
+        [&](tnt::Group& grp) { return grp.recv_async(a.ptr, a.count, a.dtype, peer); });
   });
 
   m.def("plan_buckets", [](std::vector<std::size_t> counts, std::vector<int> dtypes,

@@ -244,33 +244,32 @@ std::shared_ptr<Operation> Group::barrier_op(Runtime& rt) {
   return make_barrier(members(rt), d);
 }
 
-std::shared_ptr<Operation> Group::send_op(Runtime& rt, const void* buf, std::size_t count, DType dtype, int peer) {
-  check("send", dtype, count, buf, buf);
-  check_peer(peer, "send");
-  if (peer == my_index_) throw InvalidArgument("send: a rank cannot send to itself");
+Descriptor Group::next_p2p(const char* what, const void* buf, std::size_t count, DType dtype, int peer,
+                           bool sending) {
+  check(what, dtype, count, buf, buf);
+  check_peer(peer, what);
+  if (peer == my_index_) {
+    throw InvalidArgument(std::string(what) + ": a rank cannot " + (sending ? "send to" : "receive from") +
+                          " itself");
+  }
   Descriptor d;
   d.group = id_ ^ kP2PSalt;
-  d.seq = send_seq_[static_cast<std::size_t>(peer)]++;
+  d.seq = (sending ? send_seq_ : recv_seq_)[static_cast<std::size_t>(peer)]++;
   d.kind = Kind::p2p;
   d.dtype = static_cast<std::int32_t>(dtype);
-  d.root = my_index_;
+  d.root = sending ? my_index_ : peer;  // the sender's group rank
   d.count = count;
   d.thread = t_thread_tag;
+  return d;
+}
+
+std::shared_ptr<Operation> Group::send_op(Runtime& rt, const void* buf, std::size_t count, DType dtype, int peer) {
+  const Descriptor d = next_p2p("send", buf, count, dtype, peer, true);
   return make_send(members(rt), d, buf, count * dtype_size(dtype), peer);
 }
 
 std::shared_ptr<Operation> Group::recv_op(Runtime& rt, void* buf, std::size_t count, DType dtype, int peer) {
-  check("recv", dtype, count, buf, buf);
-  check_peer(peer, "recv");
-  if (peer == my_index_) throw InvalidArgument("recv: a rank cannot receive from itself");
-  Descriptor d;
-  d.group = id_ ^ kP2PSalt;
-  d.seq = recv_seq_[static_cast<std::size_t>(peer)]++;
-  d.kind = Kind::p2p;
-  d.dtype = static_cast<std::int32_t>(dtype);
-  d.root = peer;
-  d.count = count;
-  d.thread = t_thread_tag;
+  const Descriptor d = next_p2p("recv", buf, count, dtype, peer, false);
   return make_recv(members(rt), d, buf, count * dtype_size(dtype), peer);
 }
 

@@ -83,6 +83,9 @@ class Group : public std::enable_shared_from_this<Group> {
   void check(const char* what, DType dtype, std::size_t count, const void* a, const void* b) const;
   void check_peer(int peer, const char* what) const;
   Descriptor next(std::uint32_t kind, DType dtype, ReduceOp op, int root, std::uint64_t count);
+  // Checks a send (`sending`) or recv and describes its message: the next of those between this
+  // rank and `peer` in that direction.
+  Descriptor next_p2p(const char* what, const void* buf, std::size_t count, DType dtype, int peer, bool sending);
   const std::shared_ptr<const Members>& members(Runtime& rt);
   // Each collective's operation, checked and sequenced; *_async and the blocking forms submit it.
   std::shared_ptr<Operation> allreduce_op(Runtime& rt, const void* in, void* out, std::size_t count, DType dtype,

@@ -10,36 +10,13 @@
 #include <vector>
 
 #include "tnt_comm/group.hpp"
+#include "tnt_comm/identity.hpp"
 
 namespace tnt {
 
 class Fabric;
 class Engine;
 class Channel;
-
-// What a rank learns from the launcher (the environment contract in DESIGN.md).
-struct Identity {
-  int rank = 0;
-  int size = 1;
-  int local_rank = 0;
-  int local_size = 1;
-  int node_rank = 0;
-  std::string master_addr = "127.0.0.1";
-  int master_port = 0;
-  std::string job_id = "local";
-  std::string token;
-  std::string transport = "auto";  // auto | shm | tcp
-  std::string allreduce = "auto";  // auto | flat (TNT_ALLREDUCE): host-aware across hosts, or never
-  double timeout_s = 300.0;  // TNT_TIMEOUT_S: how long a collective may go without progress
-  // TNT_START_TIMEOUT_S: how long the start (every rank arriving, connecting, GPI-2 starting) may
-  // take. Unset, the collective timeout but at least kMinStartTimeoutS: ranks start at the pace of
-  // their imports (TensorFlow, a shared file system), which a short collective timeout says nothing about.
-  double start_timeout_s = 300.0;
-  static constexpr double kMinStartTimeoutS = 60.0;
-
-  // Reads TNT_* variables; without TNT_SIZE (or with TNT_SIZE=1) describes a single rank.
-  static Identity from_environment();
-};
 
 class Runtime : public std::enable_shared_from_this<Runtime> {
  public:

@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "tnt_comm/runtime.hpp"
+#include "tnt_comm/identity.hpp"
 #include "transport/gpi2.hpp"
 #include "transport/link.hpp"
 #include "transport/segment.hpp"

@@ -10,6 +10,7 @@ import logging
 import os
 
 import tnt_comm
+from tnt_launch import contract
 
 MASTER_RANK = 0
 
@@ -46,12 +47,12 @@ def is_master_rank() -> bool:
 
 def output_on_all_devices() -> bool:
     """Whether every rank prints progress bars and callback messages (``--output-on-all-devices``)."""
-    return _env_flag("TNT_OUTPUT_ON_ALL_DEVICES")
+    return _env_flag(contract.OUTPUT_ON_ALL_DEVICES)
 
 
 def tensorboard_on_all_devices() -> bool:
     """Whether every rank writes TensorBoard logs (``TNT_TENSORBOARD_ON_ALL_DEVICES``)."""
-    return _env_flag("TNT_TENSORBOARD_ON_ALL_DEVICES")
+    return _env_flag(contract.TENSORBOARD_ON_ALL_DEVICES)
 
 
 def prints_here() -> bool:
@@ -66,20 +67,20 @@ def live_progress() -> bool:
     (``TNT_STDOUT_TTY=false``: a pipe, a file, or lines prefixed by ``--output-on-all-devices``);
     without it (no tnt-launch), yes, as in plain Keras.
     """
-    if not os.environ.get("TNT_STDOUT_TTY", "").strip():
+    if not os.environ.get(contract.STDOUT_TTY, "").strip():
         return True
-    return _env_flag("TNT_STDOUT_TTY")
+    return _env_flag(contract.STDOUT_TTY)
 
 
 def fusion_threshold_bytes() -> int:
     """Smallest gradient bucket (``--fusion-threshold``/``TNT_FUSION_THRESHOLD_KB``, default 32 KiB)."""
-    raw = os.environ.get("TNT_FUSION_THRESHOLD_KB", "32")
+    raw = os.environ.get(contract.FUSION_THRESHOLD_KB, "32")
     try:
         kib = int(raw)
     except ValueError:
-        raise ValueError(f"TNT_FUSION_THRESHOLD_KB must be a whole number of KiB, got {raw!r}") from None
+        raise ValueError(f"{contract.FUSION_THRESHOLD_KB} must be a whole number of KiB, got {raw!r}") from None
     if kib < 0:
-        raise ValueError(f"TNT_FUSION_THRESHOLD_KB must be >= 0, got {kib}")
+        raise ValueError(f"{contract.FUSION_THRESHOLD_KB} must be >= 0, got {kib}")
     return kib * 1024
 
 
@@ -88,7 +89,7 @@ def _rank_for_logs() -> int:
     first, and a log line written while a peer is busy (compiling the op under a file lock that
     this process waits for next) would then wait for that peer, which waits for us: a deadlock."""
     try:
-        return int(os.environ.get("TNT_RANK", "0"))
+        return int(os.environ.get(contract.RANK, "0"))
     except ValueError:
         return 0
 
@@ -99,14 +100,14 @@ class _RankFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         rank = _rank_for_logs()
         record.tnt_rank = rank
-        return rank == MASTER_RANK or _env_flag("TNT_LOG_ON_ALL_DEVICES")
+        return rank == MASTER_RANK or _env_flag(contract.LOG_ON_ALL_DEVICES)
 
 
 def setup_logging() -> None:
     """Configures the ``tnt_keras`` logger once, from ``TNT_LOG_LEVEL`` (default WARNING)."""
     if getattr(logger, "_tnt_configured", False):
         return
-    level = os.environ.get("TNT_LOG_LEVEL", "WARNING").upper()
+    level = os.environ.get(contract.LOG_LEVEL, "WARNING").upper()
     logger.setLevel(level if level in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL") else "WARNING")
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("[tnt %(levelname)s rank %(tnt_rank)s] %(message)s"))

@@ -11,7 +11,7 @@ over ssh, in one of four modes:
   acts on it. Once the rank has exited, everything left of it is killed. The agent talks to
   tnt-launch on stderr, in lines starting with `MARKER`: {"event": "ready"} as soon as it runs,
   {"event": "error", ...} with the exception the rank ends with, as data, the moment the rank
-  reports it (see `REPORT_FD`), {"event": "exit", ...} with the rank's status at the end, and
+  reports it (see `contract.REPORT_FD`), {"event": "exit", ...} with the rank's status at the end, and
   {"event": "state", ...} in
   answer to 'S' on stdin: which processes of the rank are stopped (state T) or stopped by a
   tracer (t, a debugger), checked here because only this host can see them. Each such line is
@@ -20,7 +20,8 @@ over ssh, in one of four modes:
 - ``probe``: describe this host (GPUs, CPUs, NUMA nodes, numactl, optionally a free TCP port).
 - ``cleanup``: `jobs.cleanup` on this host.  ``finish``: `jobs.finish_job` on this host.
 
-Standard library only, Python 3.8+: its source travels over ssh together with `jobs.py`.
+Standard library only, Python 3.8+: its source travels over ssh together with `jobs.py` and
+`contract.py`.
 """
 
 from __future__ import annotations
@@ -40,14 +41,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from tnt_launch import jobs
+from tnt_launch import contract, jobs
 
 MARKER = "\x1eTNT-AGENT "
 """Starts the lines an agent writes to stderr for tnt-launch (never shown to users)."""
 
-REPORT_FD = "TNT_REPORT_FD"
-"""Hands the rank the write end of a pipe: tnt_comm reports there the exception the rank ends with,
-as data (tnt_comm._errors.REPORT_FD), and the agent passes it on as an {"event": "error"} line."""
 _REPORT_CHARS = 1500
 """The longest text of a report the agent passes on: its line must stay below PIPE_BUF bytes."""
 
@@ -250,7 +248,8 @@ def run_rank(request: dict[str, Any], pending: bytes = b"") -> int:
     env.update(request["env"])
     argv = list(request["argv"])
     report_read, report_write = os.pipe()
-    env[REPORT_FD] = str(report_write)
+    # tnt_comm reports there the exception the rank ends with; the agent passes it on.
+    env[contract.REPORT_FD] = str(report_write)
     try:
         child = subprocess.Popen(
             argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=(report_write,)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tnt_launch import contract
+
 TRANSPORTS = ("auto", "shm", "tcp", "gpi2")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 FOREVER_S = 1e9
@@ -11,18 +13,7 @@ FOREVER_S = 1e9
 the ranks as TNT_TIMEOUT_S=inf, so that no deadline computed from it can overflow."""
 
 # Variables tnt-launch computes for every rank; `-x` may not set them.
-RESERVED_ENV = (
-    "TNT_RANK",
-    "TNT_SIZE",
-    "TNT_LOCAL_RANK",
-    "TNT_LOCAL_SIZE",
-    "TNT_NODE_RANK",
-    "TNT_MASTER_ADDR",
-    "TNT_MASTER_PORT",
-    "TNT_JOB_ID",
-    "TNT_JOB_TOKEN",
-    "CUDA_VISIBLE_DEVICES",
-)
+RESERVED_ENV = (*contract.IDENTITY, "CUDA_VISIBLE_DEVICES")
 
 
 class LaunchError(Exception):

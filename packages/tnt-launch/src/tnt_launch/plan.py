@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tnt_launch import contract
 from tnt_launch.config import FOREVER_S, LaunchConfig, LaunchError
 from tnt_launch.hosts import Host, is_loopback
 
@@ -41,7 +42,7 @@ NOT_CARRIED = ("TNT_SSH_OPTS", "TNT_LAUNCH_REGISTRY")
 
 # --transport gpi2: GPI-2 ranks start from GASPI_RANK, GASPI_SOCKET, GASPI_NRANKS and GASPI_MFILE.
 # tnt-comm takes all four or derives all four itself, never some, so they are set together.
-GPI2_PORT_BASE = "TNT_GPI2_PORT_BASE"
+GPI2_PORT_BASE = contract.GPI2_PORT_BASE
 GPI2_NO_MACHINEFILE = "/dev/null"
 """GASPI_MFILE of every rank but 0: GPI-2 reads the machinefile on rank 0 only."""
 _GPI2_NAME_MAX = 62
@@ -307,7 +308,7 @@ def build_plan(
     interpreter = list(config.python_interpreter)
     log_level = config.log_level
     for name, value in config.exports:
-        if name == "TNT_LOG_LEVEL":
+        if name == contract.LOG_LEVEL:
             log_level = value.strip().upper()
     tf_log_level = TF_LOG_DEBUG if log_level == "DEBUG" else TF_LOG_QUIET
 
@@ -376,16 +377,16 @@ def build_plan(
             env = {} if host.local else dict(carried)
             env.update(
                 {
-                    "TNT_RANK": str(rank),
-                    "TNT_SIZE": str(size),
-                    "TNT_LOCAL_RANK": str(local_rank),
-                    "TNT_LOCAL_SIZE": str(count),
-                    "TNT_NODE_RANK": str(node_rank),
-                    "TNT_MASTER_ADDR": master_addr,
-                    "TNT_MASTER_PORT": str(identity.master_port),
-                    "TNT_JOB_ID": identity.job_id,
-                    "TNT_JOB_TOKEN": identity.token,
-                    "TNT_TRANSPORT": config.transport,
+                    contract.RANK: str(rank),
+                    contract.SIZE: str(size),
+                    contract.LOCAL_RANK: str(local_rank),
+                    contract.LOCAL_SIZE: str(count),
+                    contract.NODE_RANK: str(node_rank),
+                    contract.MASTER_ADDR: master_addr,
+                    contract.MASTER_PORT: str(identity.master_port),
+                    contract.JOB_ID: identity.job_id,
+                    contract.JOB_TOKEN: identity.token,
+                    contract.TRANSPORT: config.transport,
                 }
             )
             if machines:
@@ -398,21 +399,19 @@ def build_plan(
                 if port_base is not None:
                     env[GPI2_PORT_BASE] = str(port_base)
             if config.fusion_threshold_kb is not None:
-                env["TNT_FUSION_THRESHOLD_KB"] = str(config.fusion_threshold_kb)
+                env[contract.FUSION_THRESHOLD_KB] = str(config.fusion_threshold_kb)
             if config.timeout_s is not None:
-                env["TNT_TIMEOUT_S"] = timeout_value(config.timeout_s)
+                env[contract.TIMEOUT_S] = timeout_value(config.timeout_s)
             if config.start_timeout_s is not None:
-                env["TNT_START_TIMEOUT_S"] = timeout_value(config.start_timeout_s)
-            env["TNT_LOG_LEVEL"] = config.log_level
-            env["TNT_LOG_ON_ALL_DEVICES"] = _flag(config.log_on_all_devices)
-            env["TNT_OUTPUT_ON_ALL_DEVICES"] = _flag(config.output_on_all_devices)
+                env[contract.START_TIMEOUT_S] = timeout_value(config.start_timeout_s)
+            env[contract.LOG_LEVEL] = config.log_level
+            env[contract.LOG_ON_ALL_DEVICES] = _flag(config.log_on_all_devices)
+            env[contract.OUTPUT_ON_ALL_DEVICES] = _flag(config.output_on_all_devices)
             # Lines prefixed '[rank N]' and hidden output reach no terminal as they are written.
-            env["TNT_STDOUT_TTY"] = _flag(
+            env[contract.STDOUT_TTY] = _flag(
                 stdout_tty and rank == 0 and not config.output_on_all_devices
             )
-            env["TNT_TENSORBOARD_ON_ALL_DEVICES"] = environ.get(
-                "TNT_TENSORBOARD_ON_ALL_DEVICES", "false"
-            )
+            env[contract.TENSORBOARD_ON_ALL_DEVICES] = environ.get(contract.TENSORBOARD_ON_ALL_DEVICES, "false")
             # An empty list hides every GPU, so CPU ranks stay on CPUs.
             env["CUDA_VISIBLE_DEVICES"] = gpu if gpu is not None else ""
             for name in THREAD_VARIABLES:

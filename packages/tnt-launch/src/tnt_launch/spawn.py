@@ -1,10 +1,10 @@
 """Starting agents (`_agent.py`) on the hosts of a job: as local subprocesses or over ssh.
 
 Every agent is the same few lines of Python (`BOOTSTRAP`) given to an interpreter with `-I -c`;
-they read one JSON line from stdin that carries the source of `jobs.py` and `_agent.py` and the
-request. So other hosts need a Python 3.8+ but not tnt-launch, and nothing about a rank (its
-environment with the job token, its arguments) appears on a command line or passes through a shell:
-the only shell-quoted words are the interpreter's path and the bootstrap itself.
+they read one JSON line from stdin that carries the source of `contract.py`, `jobs.py` and
+`_agent.py` and the request. So other hosts need a Python 3.8+ but not tnt-launch, and nothing
+about a rank (its environment with the job token, its arguments) appears on a command line or
+passes through a shell: the only shell-quoted words are the interpreter's path and the bootstrap itself.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ for name, source in message["modules"]:
 sys.exit(sys.modules["tnt_launch._agent"].main(message["request"], rest))
 """
 
-_AGENT_MODULES = ("jobs", "_agent")
+_AGENT_MODULES = ("contract", "jobs", "_agent")  # in import order
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,56 @@
+"""The environment contract: every variable through which a launcher tells a process that it is a
+rank of a job, and how to behave, in one place.
+
+tnt-launch sets them (plan.py, and the agent beside every rank: TNT_REPORT_FD); tnt-comm's runtime
+reads the identity and its limits (runtime.cpp, which names them in C++), tnt-keras reads the output
+policy (runtime.py), and tools that start processes of their own (benchmarks/training.py) clear the
+identity so that a leftover cannot turn a process into a rank. docs/launch.md lists them for users;
+docs/design.md says who reads what.
+
+Standard library only, Python 3.8+: it travels to other hosts with the agent (spawn.py).
+"""
+
+from __future__ import annotations
+
+# -- Who the rank is: set for every rank; a process without them is a single rank of its own.
+RANK = "TNT_RANK"
+SIZE = "TNT_SIZE"
+LOCAL_RANK = "TNT_LOCAL_RANK"
+LOCAL_SIZE = "TNT_LOCAL_SIZE"
+NODE_RANK = "TNT_NODE_RANK"
+MASTER_ADDR = "TNT_MASTER_ADDR"  # where rank 0's rendezvous store listens
+MASTER_PORT = "TNT_MASTER_PORT"
+JOB_ID = "TNT_JOB_ID"  # new for every job; also names its shared-memory files
+JOB_TOKEN = "TNT_JOB_TOKEN"  # the secret ranks present to each other
+IDENTITY = (RANK, SIZE, LOCAL_RANK, LOCAL_SIZE, NODE_RANK, MASTER_ADDR, MASTER_PORT, JOB_ID, JOB_TOKEN)
+
+# -- How tnt-comm connects and waits (unset: the library's defaults).
+TRANSPORT = "TNT_TRANSPORT"  # auto, shm, tcp or gpi2
+TIMEOUT_S = "TNT_TIMEOUT_S"  # how long a collective may make no progress; "inf": no limit
+START_TIMEOUT_S = "TNT_START_TIMEOUT_S"  # how long the ranks may take to meet
+GPI2_PORT_BASE = "TNT_GPI2_PORT_BASE"  # GPI-2's first port on every host (--transport gpi2)
+FUSION_THRESHOLD_KB = "TNT_FUSION_THRESHOLD_KB"  # the smallest gradient bucket of tnt-keras
+
+# -- How the rank reports: output, logs, and the error it ends with.
+LOG_LEVEL = "TNT_LOG_LEVEL"
+LOG_ON_ALL_DEVICES = "TNT_LOG_ON_ALL_DEVICES"  # "true": every rank logs, not only rank 0
+OUTPUT_ON_ALL_DEVICES = "TNT_OUTPUT_ON_ALL_DEVICES"  # "true": every rank's output is shown
+STDOUT_TTY = "TNT_STDOUT_TTY"  # "true": this rank's stdout reaches a terminal as it is written
+TENSORBOARD_ON_ALL_DEVICES = "TNT_TENSORBOARD_ON_ALL_DEVICES"
+REPORT_FD = "TNT_REPORT_FD"  # a pipe where tnt-comm writes the exception the rank ends with, as JSON
+
+TNT_VARIABLES = (
+    *IDENTITY,
+    TRANSPORT,
+    TIMEOUT_S,
+    START_TIMEOUT_S,
+    GPI2_PORT_BASE,
+    FUSION_THRESHOLD_KB,
+    LOG_LEVEL,
+    LOG_ON_ALL_DEVICES,
+    OUTPUT_ON_ALL_DEVICES,
+    STDOUT_TTY,
+    TENSORBOARD_ON_ALL_DEVICES,
+    REPORT_FD,
+)
+"""Every TNT_* variable a rank may get from its launcher."""
