@@ -58,6 +58,7 @@ __all__ = [
     "local_rank",
     "local_size",
     "new_group",
+    "plan_buckets",
     "rank",
     "recv",
     "reduce_scatter",
@@ -323,6 +324,16 @@ class Group:
     def irecv(self, out: Any, src: int) -> Work:
         o = as_array(out, "out")
         return Work(_core.recv(self._g, o, int(src), False), out, (o,))
+
+
+def plan_buckets(counts: Sequence[int], dtypes: Sequence[Any], threshold_bytes: int) -> list[list[int]]:
+    """The fusion plan: the indices of tensors of ``counts`` elements of ``dtypes``, grouped in the
+    order given into buckets of one dtype and at least ``threshold_bytes`` each (the last may be
+    smaller; 0: one tensor per bucket). ``FusedAllreduce`` and tnt-keras' gradient sum both fuse by it."""
+    if len(counts) != len(dtypes):
+        raise ValueError(f"plan_buckets: {len(counts)} counts but {len(dtypes)} dtypes")
+    codes = [dtype_code(dt, f"tensor {i}") for i, dt in enumerate(dtypes)]
+    return [list(b) for b in _core.plan_buckets([int(c) for c in counts], codes, int(threshold_bytes))]
 
 
 class FusedAllreduce:

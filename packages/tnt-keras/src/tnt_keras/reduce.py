@@ -43,26 +43,20 @@ class StepState(threading.local):
 
 
 def plan_buckets(grads: Sequence[Any], threshold: int) -> list[list[int]]:
-    """Groups gradient indices into buckets, last gradients first, each of one dtype and at least
-    ``threshold`` bytes (the last one may be smaller); 0 puts every gradient alone."""
-    buckets: list[list[int]] = []
-    current: list[int] = []
-    size = 0
-    for index in reversed(range(len(grads))):
-        g = grads[index]
-        if g is None:
-            continue
-        if current and grads[current[0]].dtype != g.dtype:
-            buckets.append(current)
-            current, size = [], 0
-        current.append(index)
-        size += int(np.prod(g.shape.as_list() or [1])) * g.dtype.size if g.shape.is_fully_defined() else threshold
-        if size >= threshold:
-            buckets.append(current)
-            current, size = [], 0
-    if current:
-        buckets.append(current)
-    return buckets
+    """Groups gradient indices into buckets, last gradients first (backprop makes them first), each
+    of one dtype and at least ``threshold`` bytes (the last one may be smaller); 0 puts every
+    gradient alone. tnt-comm's planner (``tnt_comm.plan_buckets``) decides; a gradient of unknown
+    size counts as a whole bucket."""
+    order = [i for i in reversed(range(len(grads))) if grads[i] is not None]
+    counts = []
+    for i in order:
+        g = grads[i]
+        if g.shape.is_fully_defined():
+            counts.append(int(np.prod(g.shape.as_list() or [1])))
+        else:
+            counts.append(max(1, -(-threshold // g.dtype.size)))
+    dtypes = [grads[i].dtype.as_numpy_dtype for i in order]
+    return [[order[j] for j in bucket] for bucket in tnt_comm.plan_buckets(counts, dtypes, threshold)]
 
 
 def sum_buckets(tensors: Sequence[Any], buckets: Sequence[Sequence[int]], scale: Any = None) -> list[Any]:
