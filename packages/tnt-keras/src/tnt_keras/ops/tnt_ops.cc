@@ -335,10 +335,14 @@ class FusedSumStartOp : public OpKernel {
     Tensor* handle = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({}), &handle));
 
-    // Padding is summed too, so it must be the same on every rank: zeros.
-    std::memset(output->data(), 0, static_cast<std::size_t>(total * element_));
+    // Padding is summed too, so it must be the same on every rank: zeros. Only the padding: the
+    // copies write everything else, and zeroing the whole bucket first cost one more pass over it.
+    char* const bytes = static_cast<char*>(output->data());
     for (int i = 0; i < inputs.size(); ++i) {
       CopyScaled(inputs[i], output, offsets[i], scaled_ ? &scale : nullptr);
+      const std::int64_t end = offsets[i] + inputs[i].NumElements();
+      const std::int64_t next = i + 1 < inputs.size() ? offsets[i + 1] : total;
+      if (next > end) std::memset(bytes + end * element_, 0, static_cast<std::size_t>((next - end) * element_));
     }
 
     auto* p = new Pending;
