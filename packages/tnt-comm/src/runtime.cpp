@@ -11,6 +11,7 @@
 
 #include "collectives/channel.hpp"
 #include "engine/engine.hpp"
+#include "rendezvous/rendezvous.hpp"
 #include "transport/fabric.hpp"
 
 namespace tnt {
@@ -37,7 +38,21 @@ int cpus_available() {
 }  // namespace
 
 Runtime::Runtime(const Identity& identity) : identity_(identity) {
-  fabric_ = std::make_unique<Fabric>(identity_);
+  if (identity_.size == 1) {
+    fabric_ = std::make_unique<Fabric>(identity_);
+  } else {
+    try {
+      const Deadline deadline = deadline_after(identity_.start_timeout_s);
+      Rendezvous rendezvous(identity_, deadline);
+      fabric_ = std::make_unique<Fabric>(identity_, rendezvous.meet(), rendezvous, deadline);
+      rendezvous.finish();
+    } catch (const Timeout& e) {
+      // Every timeout of the start says which limit it ran into, and how to raise it.
+      throw Timeout(std::string(e.what()) + " (the start may take " + format_seconds(identity_.start_timeout_s) +
+                        ": raise TNT_START_TIMEOUT_S, tnt-launch --start-timeout, if ranks start slowly)",
+                    e.detail());
+    }
+  }
   channels_.resize(static_cast<std::size_t>(identity_.size));
   for (int r = 0; r < identity_.size; ++r) {
     if (r != identity_.rank) {

@@ -13,154 +13,38 @@
 #include <sstream>
 #include <thread>
 
-#include "store/store.hpp"
 #include "transport/gpi2.hpp"
 
 namespace tnt {
 namespace {
 
-constexpr std::uint32_t kHelloMagic = 0x544e5448;  // "TNTH"
-constexpr std::size_t kDefaultPayload = 256 * 1024;
+constexpr std::size_t kSinglePayload = 256 * 1024;  // a single rank's slots (it sends nothing)
 constexpr int kSlots = 4;
-
-std::size_t payload_from_env() {
-  const char* v = std::getenv("TNT_CHUNK_KB");
-  if (v == nullptr || *v == '\0') return kDefaultPayload;
-  long kb = std::strtol(v, nullptr, 10);
-  if (kb < 4 || kb > 64 * 1024) throw InvalidArgument("TNT_CHUNK_KB must be between 4 and 65536");
-  return static_cast<std::size_t>(kb) * 1024;
-}
-
-std::string join(const std::vector<int>& ranks) {
-  std::ostringstream out;
-  for (std::size_t i = 0; i < ranks.size(); ++i) out << (i ? ", " : "") << ranks[i];
-  return out.str();
-}
-
-// Peer hello: magic(4) + rank(4) + token, answered by one kHelloAck byte once it is verified.
-constexpr char kHelloAck = 'K';
-// A real peer sends its hello right after connecting: strangers get this long, and only this many
-// may wait at once, so idle or garbage connections to our port cannot hold up a real peer.
-constexpr double kHelloSeconds = 2.0;
-constexpr std::size_t kMaxPendingHellos = 64;
-
-// Connects to lower rank `to` and presents our hello. The acceptor drops hellos that come too late
-// or while it is flooded, so an unanswered connection is retried until the deadline.
-Socket connect_to_peer(const std::string& host, int port, int to, int rank, const std::string& token,
-                       Deadline deadline) {
-  std::string hello(reinterpret_cast<const char*>(&kHelloMagic), 4);
-  hello.append(reinterpret_cast<const char*>(&rank), 4);
-  hello += token;
-  while (true) {
-    Socket s = Socket::connect_to(host, port, deadline);
-    char ack = 0;
-    try {
-      s.send_all(hello.data(), hello.size());
-      if (s.wait_readable(deadline) && s.recv_all(&ack, 1) && ack == kHelloAck) return s;
-    } catch (const Error&) {
-      // Dropped before it answered: connect again.
-    }
-    if (Clock::now() >= deadline) {
-      throw Timeout("rendezvous timed out: rank " + std::to_string(to) +
-                    " did not accept the connection of rank " + std::to_string(rank) + " at " +
-                    host + ":" + std::to_string(port));
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-}
-
-// Accepts ranks rank+1 .. size-1 on `listener`; returns their sockets indexed by rank. Hellos are
-// read side by side, each connection against its own short deadline, and a wrong one is dropped
-// at once, so no stranger delays a real peer.
-std::vector<Socket> accept_peers(const Socket& listener, int rank, int size, const std::string& token,
-                                 Deadline deadline) {
-  std::vector<Socket> got(static_cast<std::size_t>(size));
-  int missing = size - 1 - rank;
-  const std::size_t hello_bytes = 8 + token.size();
-  const char* magic = reinterpret_cast<const char*>(&kHelloMagic);
-  Admission strangers(listener, kHelloSeconds, kMaxPendingHellos);
-  std::vector<pollfd> fds;
-  while (missing > 0) {
-    if (Clock::now() >= deadline) {
-      std::vector<int> absent;
-      for (int r = rank + 1; r < size; ++r) {
-        if (!got[static_cast<std::size_t>(r)].valid()) absent.push_back(r);
-      }
-      ErrorDetail detail;
-      detail.ranks = absent;
-      throw Timeout("rendezvous timed out: rank(s) " + join(absent) + " did not connect to rank " + std::to_string(rank),
-                    std::move(detail));
-    }
-    fds.assign(1, pollfd{strangers.accepting() ? listener.fd() : -1, POLLIN, 0});
-    for (auto& e : strangers.entries()) fds.push_back({e.sock.fd(), POLLIN, 0});
-    if (::poll(fds.data(), fds.size(), strangers.poll_timeout_ms(deadline)) < 0) {
-      if (errno != EINTR) throw Error(std::string("poll: ") + std::strerror(errno));
-      continue;
-    }
-    for (std::size_t i = 0; i < strangers.entries().size(); ++i) {
-      if (!fds[i + 1].revents) continue;
-      Admission::Entry& e = strangers.entries()[i];
-      // Exactly up to the end of the hello: the peer's first messages may follow it.
-      const std::size_t had = e.in.size();
-      e.in.resize(hello_bytes);
-      ssize_t n = ::recv(e.sock.fd(), &e.in[had], hello_bytes - had, 0);
-      e.in.resize(had + static_cast<std::size_t>(std::max<ssize_t>(n, 0)));
-      if (n == 0 || (n < 0 && errno != EINTR)) {
-        e.sock.close();
-        continue;
-      }
-      if (std::memcmp(e.in.data(), magic, std::min<std::size_t>(e.in.size(), 4)) != 0) {
-        e.sock.close();  // not a peer hello
-        continue;
-      }
-      int from = -1;
-      if (e.in.size() >= 8) std::memcpy(&from, e.in.data() + 4, 4);
-      if (e.in.size() >= 8 &&
-          (from <= rank || from >= size || got[static_cast<std::size_t>(from)].valid())) {
-        e.sock.close();  // not a rank we wait for
-        continue;
-      }
-      if (e.in.size() < hello_bytes) continue;
-      bool ok = same_secret(e.in.substr(8), token);
-      try {
-        if (ok) e.sock.send_all(&kHelloAck, 1);
-      } catch (const Error&) {
-        ok = false;
-      }
-      if (!ok) {
-        e.sock.close();
-        continue;
-      }
-      got[static_cast<std::size_t>(from)] = std::move(e.sock);
-      --missing;
-    }
-    strangers.sweep();
-    if (fds[0].revents) strangers.accept_ready();
-  }
-  return got;
-}
 
 }  // namespace
 
 Fabric::Fabric(const Identity& identity)
     : rank_(identity.rank), size_(identity.size), nodes_(static_cast<std::size_t>(identity.size), identity.node_rank) {
+  if (size_ != 1) throw InvalidArgument("a fabric of several ranks is built from their mesh");
+  peers_.resize(1);
+  segment_.layout.world = 1;
+  segment_.layout.slot_bytes = kHeaderBytes + kSinglePayload;
+  memory_ = MappedMemory::anonymous(segment_.layout.slots_offset());
+  segment_.base = memory_.data();
+}
+
+Fabric::Fabric(const Identity& identity, Mesh mesh, Exchange& exchange, Deadline deadline)
+    : rank_(identity.rank), size_(identity.size), nodes_(mesh.nodes) {
   peers_.resize(static_cast<std::size_t>(size_));
-  if (size_ == 1) {
-    segment_.layout.world = 1;
-    segment_.layout.slot_bytes = kHeaderBytes + kDefaultPayload;
-    memory_ = MappedMemory::anonymous(segment_.layout.slots_offset());
-    segment_.base = memory_.data();
-    return;
-  }
   if (::pipe2(wake_, O_CLOEXEC) != 0) throw Error("pipe failed");
-  try {
-    rendezvous(identity);
-  } catch (const Timeout& e) {
-    // Every timeout of the start says which limit it ran into, and how to raise it.
-    throw Timeout(std::string(e.what()) + " (the start may take " + format_seconds(identity.start_timeout_s) +
-                      ": raise TNT_START_TIMEOUT_S, tnt-launch --start-timeout, if ranks start slowly)",
-                  e.detail());
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    auto i = static_cast<std::size_t>(r);
+    peers_[i] = std::make_unique<Peer>();
+    peers_[i]->rank = r;
+    peers_[i]->sock = std::move(mesh.sockets[i]);
   }
+  set_up(identity, mesh, exchange, deadline);
   receiver_ = std::thread([this] { receive_loop(); });
 }
 
@@ -170,64 +54,12 @@ Fabric::~Fabric() {
   if (wake_[1] >= 0) ::close(wake_[1]);
 }
 
-void Fabric::rendezvous(const Identity& id) {
-  const Deadline deadline = deadline_after(id.start_timeout_s);
-  std::unique_ptr<StoreServer> server;
-  if (rank_ == 0) server = std::make_unique<StoreServer>(id.master_addr, id.master_port, id.token);
-  StoreClient store(id.master_addr, id.master_port, id.token, deadline);
+void Fabric::set_up(const Identity& id, const Mesh& mesh, Exchange& exchange, Deadline deadline) {
+  const std::vector<std::string>& host = mesh.hosts;
+  const std::vector<int>& node = mesh.nodes;
+  const std::size_t payload = mesh.payload;
 
-  // 1. Publish who we are and where peers can reach us; the address of our store connection is
-  //    the interface that routes towards rank 0, so peers on other hosts can reach it too.
-  Socket listener = Socket::listen_on(store.local_ip(), 0);
-  const std::string prefix = id.job_id + "/";
-  if (rank_ == 0) store.set(prefix + "payload", std::to_string(payload_from_env()));
-  store.set(prefix + "peer/" + std::to_string(rank_),
-            store.local_ip() + " " + std::to_string(listener.local_port()) + " " +
-                std::to_string(id.node_rank));
-
-  std::vector<std::string> host(static_cast<std::size_t>(size_));
-  std::vector<int> port(static_cast<std::size_t>(size_)), node(static_cast<std::size_t>(size_));
-  for (int r = 0; r < size_; ++r) {
-    std::string info;
-    try {
-      info = store.get(prefix + "peer/" + std::to_string(r), deadline);
-    } catch (const Timeout&) {
-      std::vector<int> missing;
-      for (int q = 0; q < size_; ++q) {
-        if (!store.try_get(prefix + "peer/" + std::to_string(q))) missing.push_back(q);
-      }
-      ErrorDetail detail;
-      detail.ranks = missing;
-      throw Timeout("rendezvous timed out after " + format_seconds(id.start_timeout_s) + ": rank(s) " +
-                        join(missing) + " of " + std::to_string(size_) +
-                        " did not arrive (did they start, with the same TNT_MASTER_ADDR/PORT and "
-                        "TNT_JOB_ID?)",
-                    std::move(detail));
-    }
-    std::istringstream in(info);
-    auto i = static_cast<std::size_t>(r);
-    in >> host[i] >> port[i] >> node[i];
-  }
-  nodes_ = node;
-  const std::size_t payload = std::stoul(store.get(prefix + "payload", deadline));
-
-  // 2. Full mesh of TCP connections: we connect to lower ranks and accept higher ones. Each
-  //    connection starts with a hello proving the job token, acknowledged by the acceptor.
-  for (int r = 0; r < size_; ++r) {
-    if (r == rank_) continue;
-    peers_[static_cast<std::size_t>(r)] = std::make_unique<Peer>();
-    peers_[static_cast<std::size_t>(r)]->rank = r;
-  }
-  for (int r = 0; r < rank_; ++r) {
-    auto i = static_cast<std::size_t>(r);
-    peers_[i]->sock = connect_to_peer(host[i], port[i], r, rank_, id.token, deadline);
-  }
-  std::vector<Socket> higher = accept_peers(listener, rank_, size_, id.token, deadline);
-  for (int r = rank_ + 1; r < size_; ++r) {
-    peers_[static_cast<std::size_t>(r)]->sock = std::move(higher[static_cast<std::size_t>(r)]);
-  }
-
-  // 3. Choose each pair's transport and set up our segment. A forced transport (tcp, gpi2) joins
+  // Choose each pair's transport and set up our segment. A forced transport (tcp, gpi2) joins
   //    every pair, within a host too; auto takes shared memory within a host and, between hosts,
   //    GPI-2 where it is built for InfiniBand/RoCE/OFI, TCP otherwise (over GPI-2's Ethernet device
   //    tcp measured faster: docs/comm.md). Every rank decides alike from the same node list.
@@ -257,24 +89,9 @@ void Fabric::rendezvous(const Identity& id) {
   memory_ = any_shm ? MappedMemory::create_shared(shm_name(rank_), bytes)
                     : MappedMemory::anonymous(bytes);
   segment_.base = memory_.data();
-  store.set(prefix + "segment/" + std::to_string(rank_), "ready");
+  exchange.set("segment/" + std::to_string(rank_), "ready");
 #ifdef TNT_COMM_HAVE_GPI2
   if (use_gpi2) {
-    // Every rank starts GPI-2 (it meets all ranks of its machinefile), even one with no GPI-2
-    // peer. Connections go from higher to lower ranks, as GPI-2's own static topology.
-    // GPI-2 takes seconds to start on a loaded host: the start timeout (at least a minute unless
-    // the user set TNT_START_TIMEOUT_S) covers it with the rest of the rendezvous.
-    // GPI-2's ports: the job's TNT_GPI2_PORT_BASE (tnt-launch's or the user's), else a base rank 0
-    // finds free on its host, the same for every rank.
-    const char* fixed_base = std::getenv("TNT_GPI2_PORT_BASE");
-    std::string port_base = fixed_base != nullptr ? fixed_base : "";
-    if (port_base.empty()) {
-      if (rank_ == 0) {
-        const int here = static_cast<int>(std::count(host.begin(), host.end(), host[0]));
-        store.set(prefix + "gpi2-port-base", std::to_string(gpi2_free_port_base(here)));
-      }
-      port_base = store.get(prefix + "gpi2-port-base", deadline);
-    }
     // GPI-2 never notices a dead peer; our connection to every peer does, so a rank that dies
     // while GPI-2 starts ends the start at once, named, instead of at GPI-2's timeout.
     const auto watch = [&] {
@@ -289,23 +106,7 @@ void Fabric::rendezvous(const Identity& id) {
         }
       }
     };
-    const auto wait_for_key = [&](const std::string& key) {
-      while (!store.try_get(prefix + key)) {
-        watch();
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
-    };
-    gpi2_ = std::make_unique<Gpi2Wire>(rank_, size_, id.local_size, host, port_base, segment_, deadline, watch);
-    for (int r : gpi2_peers) {
-      if (r < rank_) gpi2_->connect(r, deadline, watch);
-    }
-    store.set(prefix + "gpi2-connected/" + std::to_string(rank_), "1");
-    for (int r : gpi2_peers) {
-      if (r > rank_) wait_for_key("gpi2-connected/" + std::to_string(r));
-    }
-    for (int r : gpi2_peers) gpi2_->register_segment(r, deadline, watch);
-    store.set(prefix + "gpi2-registered/" + std::to_string(rank_), "1");
-    for (int r : gpi2_peers) wait_for_key("gpi2-registered/" + std::to_string(r));
+    gpi2_ = Gpi2Wire::start_job(rank_, size_, id.local_size, host, gpi2_peers, segment_, exchange, deadline, watch);
     for (int r : gpi2_peers) peers_[static_cast<std::size_t>(r)]->byes_due.store(2);
     gpi2_->start([this](int r) { goodbye_from(*peers_[static_cast<std::size_t>(r)]); });
   }
@@ -315,7 +116,7 @@ void Fabric::rendezvous(const Identity& id) {
     if (r == rank_) continue;
     Peer& peer = *peers_[static_cast<std::size_t>(r)];
     if (same_host[static_cast<std::size_t>(r)]) {
-      store.get(prefix + "segment/" + std::to_string(r), deadline);
+      exchange.get("segment/" + std::to_string(r), deadline);
       peer.mapping = MappedMemory::open_shared(shm_name(r), bytes);
       peer.link = std::make_unique<ShmLink>(SegmentView{peer.mapping.data(), segment_.layout});
 #ifdef TNT_COMM_HAVE_GPI2
@@ -326,20 +127,12 @@ void Fabric::rendezvous(const Identity& id) {
       peer.link = std::make_unique<TcpLink>(peer.sock, peer.send_mutex);
     }
   }
-  // 4. Once every local peer has mapped our segment, remove its name: a crash can leave no file.
-  store.set(prefix + "mapped/" + std::to_string(rank_), "1");
+  // Once every local peer has mapped our segment, remove its name: a crash can leave no file.
+  exchange.set("mapped/" + std::to_string(rank_), "1");
   for (int r = 0; r < size_; ++r) {
-    if (same_host[static_cast<std::size_t>(r)]) store.get(prefix + "mapped/" + std::to_string(r), deadline);
+    if (same_host[static_cast<std::size_t>(r)]) exchange.get("mapped/" + std::to_string(r), deadline);
   }
   memory_.unlink();
-  // Rank 0 keeps its store alive until everybody has read what it needs.
-  store.add(prefix + "done", 1);
-  if (server) {
-    while (std::stoll(store.get(prefix + "done", deadline)) < size_) {
-      if (Clock::now() >= deadline) throw Timeout("rendezvous did not complete");
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-  }
 }
 
 std::string Fabric::transport(int peer) const {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "tnt_comm/identity.hpp"
+#include "transport/exchange.hpp"
 #include "transport/gpi2.hpp"
 #include "transport/link.hpp"
 #include "transport/segment.hpp"
@@ -27,8 +28,12 @@ class Fabric {
  public:
   static constexpr std::size_t kHeaderBytes = 64;
 
-  // Meets every rank at rank 0's store and connects to all of them (a single rank needs nothing).
+  // A single rank's fabric: a segment, no peers.
   explicit Fabric(const Identity& identity);
+  // The fabric of a job's ranks, met and connected by the rendezvous (`mesh`): chooses each pair's
+  // link, sets up this rank's segment and, where used, GPI-2, agreeing with the others through
+  // `exchange`, all before `deadline`.
+  Fabric(const Identity& identity, Mesh mesh, Exchange& exchange, Deadline deadline);
   ~Fabric();
   Fabric(const Fabric&) = delete;
   Fabric& operator=(const Fabric&) = delete;
@@ -94,7 +99,7 @@ class Fabric {
   };
 
   void complete_gpi2_writes();
-  void rendezvous(const Identity& identity);
+  void set_up(const Identity& identity, const Mesh& mesh, Exchange& exchange, Deadline deadline);
   void goodbye_from(Peer& peer);
   void receive_loop();
   void handle_frame(Peer& peer);

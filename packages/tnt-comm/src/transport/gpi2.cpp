@@ -14,8 +14,8 @@
 #include <x86intrin.h>
 #endif
 
+#include <algorithm>
 #include <cerrno>
-
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -281,6 +281,44 @@ gaspi_return_t watched(std::function<gaspi_return_t()> call, const std::function
   std::thread([task] { (*task)(); }).detach();
   while (result.wait_for(std::chrono::milliseconds(50)) != std::future_status::ready) watch();
   return result.get();
+}
+
+std::unique_ptr<Gpi2Wire> Gpi2Wire::start_job(int rank, int size, int local_size, const std::vector<std::string>& hosts,
+                                              const std::vector<int>& peers, SegmentView mine, Exchange& exchange,
+                                              Deadline deadline, const std::function<void()>& watch) {
+  // Every rank starts GPI-2 (it meets all ranks of its machinefile), even one with no GPI-2
+  // peer. Connections go from higher to lower ranks, as GPI-2's own static topology.
+  // GPI-2 takes seconds to start on a loaded host: the start timeout (at least a minute unless
+  // the user set TNT_START_TIMEOUT_S) covers it with the rest of the rendezvous.
+  // GPI-2's ports: the job's TNT_GPI2_PORT_BASE (tnt-launch's or the user's), else a base rank 0
+  // finds free on its host, the same for every rank.
+  const char* fixed_base = std::getenv("TNT_GPI2_PORT_BASE");
+  std::string port_base = fixed_base != nullptr ? fixed_base : "";
+  if (port_base.empty()) {
+    if (rank == 0) {
+      const int here = static_cast<int>(std::count(hosts.begin(), hosts.end(), hosts[0]));
+      exchange.set("gpi2-port-base", std::to_string(gpi2_free_port_base(here)));
+    }
+    port_base = exchange.get("gpi2-port-base", deadline);
+  }
+  const auto wait_for_key = [&](const std::string& key) {
+    while (!exchange.has(key)) {
+      watch();
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  };
+  auto wire = std::make_unique<Gpi2Wire>(rank, size, local_size, hosts, port_base, mine, deadline, watch);
+  for (int r : peers) {
+    if (r < rank) wire->connect(r, deadline, watch);
+  }
+  exchange.set("gpi2-connected/" + std::to_string(rank), "1");
+  for (int r : peers) {
+    if (r > rank) wait_for_key("gpi2-connected/" + std::to_string(r));
+  }
+  for (int r : peers) wire->register_segment(r, deadline, watch);
+  exchange.set("gpi2-registered/" + std::to_string(rank), "1");
+  for (int r : peers) wait_for_key("gpi2-registered/" + std::to_string(r));
+  return wire;
 }
 
 Gpi2Wire::Gpi2Wire(int rank, int size, int local_size, const std::vector<std::string>& hosts,

@@ -17,6 +17,7 @@
 
 #include "common.hpp"
 #include "tnt_comm/types.hpp"
+#include "transport/exchange.hpp"
 #include "transport/link.hpp"
 #include "transport/segment.hpp"
 
@@ -44,6 +45,12 @@ class Gpi2Wire {
   Gpi2Wire(int rank, int size, int local_size, const std::vector<std::string>& hosts,
            const std::string& port_base, SegmentView mine, Deadline deadline,
            const std::function<void()>& watch);
+  // GPI-2's start for a job: agrees on the ports through `exchange`, starts GPI-2, connects to
+  // the ranks in `peers` (those reached over GPI-2) and registers `mine` with them, in step with
+  // them through `exchange`. `watch` as above. Every rank of the job calls it.
+  static std::unique_ptr<Gpi2Wire> start_job(int rank, int size, int local_size, const std::vector<std::string>& hosts,
+                                             const std::vector<int>& peers, SegmentView mine, Exchange& exchange,
+                                             Deadline deadline, const std::function<void()>& watch);
   ~Gpi2Wire();
   Gpi2Wire(const Gpi2Wire&) = delete;
   Gpi2Wire& operator=(const Gpi2Wire&) = delete;

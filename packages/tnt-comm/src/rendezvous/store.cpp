@@ -1,4 +1,4 @@
-#include "store/store.hpp"
+#include "rendezvous/store.hpp"
 
 #include <fcntl.h>
 #include <poll.h>

@@ -1,0 +1,46 @@
+// The start of a job: every rank meets the others at rank 0's store (store.hpp), publishes where
+// it can be reached, and connects to every peer over TCP, each connection proving the job token.
+// What it builds (the Mesh) and the store's keys (as an Exchange) go to the transport's fabric.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "common.hpp"
+#include "rendezvous/store.hpp"
+#include "tnt_comm/identity.hpp"
+#include "transport/exchange.hpp"
+
+namespace tnt {
+
+class Rendezvous : public Exchange {
+ public:
+  // Starts the store on rank 0 and connects to it, retrying until `deadline`.
+  Rendezvous(const Identity& identity, Deadline deadline);
+  ~Rendezvous() override;
+  Rendezvous(const Rendezvous&) = delete;
+  Rendezvous& operator=(const Rendezvous&) = delete;
+
+  // Publishes this rank, waits for every other, and connects to all of them: to lower ranks, and
+  // from higher ones.
+  Mesh meet();
+  // Every rank has read what it needs: rank 0 may stop its store after this (it waits for all).
+  void finish();
+
+  // The Exchange, under this job's prefix.
+  void set(const std::string& key, const std::string& value) override;
+  std::string get(const std::string& key, Deadline deadline) override;
+  bool has(const std::string& key) override;
+
+ private:
+  const Identity& id_;
+  Deadline deadline_;
+  std::string prefix_;
+  std::unique_ptr<StoreServer> server_;  // rank 0 only
+  StoreClient store_;
+};
+
+// "1, 2, 3": ranks in error messages.
+std::string join_ranks(const std::vector<int>& ranks);
+
+}  // namespace tnt
