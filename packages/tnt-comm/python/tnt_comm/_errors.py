@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 from types import TracebackType
 from typing import Any
@@ -60,18 +61,28 @@ descriptor where the rank reports the exception it ends with, as data: one JSON 
 
 def install_report_hook() -> None:
     """Under a launcher that asks for it (``TNT_REPORT_FD``), report an uncaught exception before
-    Python prints it; the previous hook then prints it as before."""
-    fd = os.environ.get(REPORT_FD, "")
+    Python prints it; the previous hook then prints it as before.
+
+    The variable is taken out of the environment, and only this process reports: a child (forked,
+    or started with the environment) must not write to a descriptor that is not its rank's pipe.
+    """
+    fd = os.environ.pop(REPORT_FD, "")
     if not fd.isdigit() or getattr(sys.excepthook, "_tnt_reports", False):
         return
-    previous = sys.excepthook
+    try:
+        if not stat.S_ISFIFO(os.fstat(int(fd)).st_mode):
+            return
+    except OSError:
+        return
+    owner, previous = os.getpid(), sys.excepthook
 
     def report(kind: type[BaseException], value: BaseException, traceback: TracebackType | None) -> None:
-        try:
-            line = json.dumps({"event": "error", "error": error_data(value)}, default=str) + "\n"
-            os.write(int(fd), line.encode())
-        except (OSError, ValueError, TypeError):
-            pass  # the launcher is gone or the fd is not ours: the traceback still follows
+        if os.getpid() == owner:
+            try:
+                line = json.dumps({"event": "error", "error": error_data(value)}, default=str) + "\n"
+                os.write(int(fd), line.encode())
+            except (OSError, ValueError, TypeError):
+                pass  # the launcher is gone: the traceback still follows
         previous(kind, value, traceback)
 
     report._tnt_reports = True  # type: ignore[attr-defined]
