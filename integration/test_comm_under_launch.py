@@ -131,48 +131,42 @@ def test_process_exits_after_peer_failure(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
 
 
+def hold_up_rank_1(tmp_path: Path, hold: str, elements: int, timeout_s: int) -> tuple[str, str]:
+    """Three ranks make two allreduces, rank 1 runs `hold` (imports: os, signal, time) between
+    them, the others time out after `timeout_s`; returns the job's first summary line and all its
+    output."""
+    script = tmp_path / "hold.py"
+    script.write_text(
+        "import os, signal, time, numpy as np, tnt_comm as tc\n"
+        f"x = np.ones({elements}, np.float32)\n"
+        "tc.allreduce(x)\n"
+        "if tc.rank() == 1:\n"
+        f"    {hold}\n"
+        "tc.allreduce(x)\n"
+    )
+    out = launch(["-n", "3", "--timeout", str(timeout_s), "--", str(script)], timeout=100)
+    assert out.returncode != 0
+    summary = [line for line in (out.stdout + out.stderr).splitlines() if " failed: " in line]
+    assert summary, out.stdout[-2000:] + out.stderr[-3000:]
+    return summary[0], out.stdout + out.stderr
+
+
 @pytest.mark.timeout(120)
 def test_stopped_rank_is_blamed_first(tmp_path: Path) -> None:
     """SIGSTOP one rank of three: the others time out, and the summary leads with the stopped one,
     not with whichever victim exited first."""
-    script = tmp_path / "stall.py"
-    script.write_text(
-        "import os, signal, numpy as np, tnt_comm as tc\n"
-        "x = np.ones(100_000, np.float32)\n"
-        "tc.allreduce(x)\n"
-        "if tc.rank() == 1:\n"
-        "    os.kill(os.getpid(), signal.SIGSTOP)\n"
-        "tc.allreduce(x)\n"
-    )
-    out = launch(["-n", "3", "--timeout", "4", "--", str(script)], timeout=100)
-    assert out.returncode != 0
-    summary = [line for line in (out.stdout + out.stderr).splitlines() if " failed: " in line]
-    assert summary, out.stdout[-2000:] + out.stderr[-3000:]
-    assert re.search(r"failed: rank 1 made no progress", summary[0]), summary[0]
+    first, output = hold_up_rank_1(tmp_path, "os.kill(os.getpid(), signal.SIGSTOP)", 100_000, 4)
+    assert re.search(r"failed: rank 1 made no progress", first), first
     # The victims' own messages blame rank 1 too.
-    assert "made no progress: rank 1" in out.stdout + out.stderr
+    assert "made no progress: rank 1" in output
 
 
 @pytest.mark.timeout(120)
 def test_rank_elsewhere_is_blamed_from_the_reports(tmp_path: Path) -> None:
     """A rank busy elsewhere in its program (not stopped, so no host can see it): the others time
     out, their reports (tnt_comm's errors as data) blame it, and the summary leads with it."""
-    script = tmp_path / "elsewhere.py"
-    script.write_text(
-        "import time, numpy as np, tnt_comm as tc\n"
-        "x = np.ones(1000, np.float32)\n"
-        "tc.allreduce(x)\n"
-        "if tc.rank() == 1:\n"
-        "    time.sleep(60)\n"
-        "tc.allreduce(x)\n"
-    )
-    out = launch(["-n", "3", "--timeout", "3", "--", str(script)], timeout=100)
-    assert out.returncode != 0
-    summary = [line for line in (out.stdout + out.stderr).splitlines() if " failed: " in line]
-    assert summary, out.stdout[-2000:] + out.stderr[-3000:]
-    assert re.search(r"failed: rank 1 made no progress \(named by the timeout messages? of rank [02]", summary[0]), (
-        summary[0]
-    )
+    first, _ = hold_up_rank_1(tmp_path, "time.sleep(60)", 1000, 3)
+    assert re.search(r"failed: rank 1 made no progress \(named by the timeout messages? of rank [02]", first), first
 
 
 @pytest.mark.timeout(120)

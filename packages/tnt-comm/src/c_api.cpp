@@ -10,21 +10,6 @@
 
 namespace {
 
-static_assert(TNT_COMM_FLOAT16 == static_cast<int>(tnt::DType::float16) &&
-                  TNT_COMM_BFLOAT16 == static_cast<int>(tnt::DType::bfloat16) &&
-                  TNT_COMM_FLOAT32 == static_cast<int>(tnt::DType::float32) &&
-                  TNT_COMM_FLOAT64 == static_cast<int>(tnt::DType::float64) &&
-                  TNT_COMM_INT32 == static_cast<int>(tnt::DType::int32) &&
-                  TNT_COMM_INT64 == static_cast<int>(tnt::DType::int64) &&
-                  TNT_COMM_UINT8 == static_cast<int>(tnt::DType::uint8),
-              "c_api.h's dtype codes are tnt::DType's");
-static_assert(TNT_COMM_SUM == static_cast<int>(tnt::ReduceOp::sum) &&
-                  TNT_COMM_PROD == static_cast<int>(tnt::ReduceOp::prod) &&
-                  TNT_COMM_MIN == static_cast<int>(tnt::ReduceOp::min) &&
-                  TNT_COMM_MAX == static_cast<int>(tnt::ReduceOp::max) &&
-                  TNT_COMM_AVG == static_cast<int>(tnt::ReduceOp::avg),
-              "c_api.h's op codes are tnt::ReduceOp's");
-
 // An error and the storage its C view points into.
 class CError {
  public:

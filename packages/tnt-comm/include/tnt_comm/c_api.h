@@ -15,7 +15,7 @@ extern "C" {
 #define TNT_COMM_C_API_VERSION 2
 #define TNT_COMM_C_API_CAPSULE "tnt_comm._C_API"
 
-/* Element types: the values of tnt::DType. Never renumbered. */
+/* Element types (tnt::DType takes its values from here). Never renumbered. */
 enum tnt_comm_dtype {
   TNT_COMM_FLOAT16 = 0,
   TNT_COMM_BFLOAT16 = 1,
@@ -26,7 +26,7 @@ enum tnt_comm_dtype {
   TNT_COMM_UINT8 = 6
 };
 
-/* Reductions: the values of tnt::ReduceOp. Never renumbered. */
+/* Reductions (tnt::ReduceOp takes its values from here). Never renumbered. */
 enum tnt_comm_op { TNT_COMM_SUM = 0, TNT_COMM_PROD = 1, TNT_COMM_MIN = 2, TNT_COMM_MAX = 3, TNT_COMM_AVG = 4 };
 
 /* Error kinds: the classes of tnt::Error (and of tnt_comm's Python exceptions). */

@@ -8,20 +8,28 @@
 #include <utility>
 #include <vector>
 
+#include "tnt_comm/c_api.h"
+
 namespace tnt {
 
-// Values are part of the C ABI (c_api.h): never renumber.
+// The codes of the C ABI (c_api.h), which holds them once.
 enum class DType : std::int32_t {
-  float16 = 0,
-  bfloat16 = 1,
-  float32 = 2,
-  float64 = 3,
-  int32 = 4,
-  int64 = 5,
-  uint8 = 6,
+  float16 = TNT_COMM_FLOAT16,
+  bfloat16 = TNT_COMM_BFLOAT16,
+  float32 = TNT_COMM_FLOAT32,
+  float64 = TNT_COMM_FLOAT64,
+  int32 = TNT_COMM_INT32,
+  int64 = TNT_COMM_INT64,
+  uint8 = TNT_COMM_UINT8,
 };
 
-enum class ReduceOp : std::int32_t { sum = 0, prod = 1, min = 2, max = 3, avg = 4 };
+enum class ReduceOp : std::int32_t {
+  sum = TNT_COMM_SUM,
+  prod = TNT_COMM_PROD,
+  min = TNT_COMM_MIN,
+  max = TNT_COMM_MAX,
+  avg = TNT_COMM_AVG,
+};
 
 std::size_t dtype_size(DType dtype);
 const char* dtype_name(DType dtype);

@@ -31,7 +31,7 @@ def error_data(error: BaseException) -> dict[str, Any]:
     data: dict[str, Any] = {"kind": type(error).__name__, "message": str(error)}
     for name in FIELDS:
         value = getattr(error, name, None)
-        data[name] = list(value) if name == "ranks" else value
+        data[name] = list(value or ()) if name == "ranks" else value
     return data
 
 
@@ -66,8 +66,8 @@ def install_report_hook() -> None:
     The variable is taken out of the environment, and only this process reports: a child (forked,
     or started with the environment) must not write to a descriptor that is not its rank's pipe.
     """
-    fd = os.environ.pop(REPORT_FD, "")
-    if not fd.isdigit() or getattr(sys.excepthook, "_tnt_reports", False):
+    fd = os.environ.pop(REPORT_FD, "")  # taken: a second call finds nothing to install
+    if not fd.isdigit():
         return
     try:
         if not stat.S_ISFIFO(os.fstat(int(fd)).st_mode):
@@ -85,5 +85,4 @@ def install_report_hook() -> None:
                 pass  # the launcher is gone: the traceback still follows
         previous(kind, value, traceback)
 
-    report._tnt_reports = True  # type: ignore[attr-defined]
     sys.excepthook = report

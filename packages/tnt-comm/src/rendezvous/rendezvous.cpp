@@ -19,6 +19,13 @@ namespace {
 constexpr std::uint32_t kHelloMagic = 0x544e5448;  // "TNTH"
 constexpr std::size_t kDefaultPayload = 256 * 1024;
 
+// "1, 2, 3": ranks in error messages.
+std::string join_ranks(const std::vector<int>& ranks) {
+  std::ostringstream out;
+  for (std::size_t i = 0; i < ranks.size(); ++i) out << (i ? ", " : "") << ranks[i];
+  return out.str();
+}
+
 std::size_t payload_from_env() {
   const char* v = std::getenv("TNT_CHUNK_KB");
   if (v == nullptr || *v == '\0') return kDefaultPayload;
@@ -145,12 +152,6 @@ std::vector<Socket> accept_or_connect(const Socket& listener, const std::vector<
 }
 
 }  // namespace
-
-std::string join_ranks(const std::vector<int>& ranks) {
-  std::ostringstream out;
-  for (std::size_t i = 0; i < ranks.size(); ++i) out << (i ? ", " : "") << ranks[i];
-  return out.str();
-}
 
 Rendezvous::Rendezvous(const Identity& identity, Deadline deadline)
     : id_(identity),

@@ -40,7 +40,4 @@ class Rendezvous : public Exchange {
   StoreClient store_;
 };
 
-// "1, 2, 3": ranks in error messages.
-std::string join_ranks(const std::vector<int>& ranks);
-
 }  // namespace tnt

@@ -38,19 +38,3 @@ OUTPUT_ON_ALL_DEVICES = "TNT_OUTPUT_ON_ALL_DEVICES"  # "true": every rank's outp
 STDOUT_TTY = "TNT_STDOUT_TTY"  # "true": this rank's stdout reaches a terminal as it is written
 TENSORBOARD_ON_ALL_DEVICES = "TNT_TENSORBOARD_ON_ALL_DEVICES"
 REPORT_FD = "TNT_REPORT_FD"  # a pipe where tnt-comm writes the exception the rank ends with, as JSON
-
-TNT_VARIABLES = (
-    *IDENTITY,
-    TRANSPORT,
-    TIMEOUT_S,
-    START_TIMEOUT_S,
-    GPI2_PORT_BASE,
-    FUSION_THRESHOLD_KB,
-    LOG_LEVEL,
-    LOG_ON_ALL_DEVICES,
-    OUTPUT_ON_ALL_DEVICES,
-    STDOUT_TTY,
-    TENSORBOARD_ON_ALL_DEVICES,
-    REPORT_FD,
-)
-"""Every TNT_* variable a rank may get from its launcher."""
