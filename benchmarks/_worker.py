@@ -88,6 +88,22 @@ class TntLibrary:
         self.tnt.finalize()
 
 
+class TntSharedLibrary(TntLibrary):
+    """tnt-comm with both buffers in the rank's shared arena (tnt_comm.shared_empty): the
+    single-copy allreduce on one host."""
+
+    def prepare(self, count: int) -> tuple[Callable[[], None], Callable[[], np.ndarray]]:
+        x = self.tnt.shared_empty(count, np.float32)
+        x[:] = self.rank + 1
+        y = self.tnt.shared_empty(count, np.float32)
+        allreduce = self.tnt.allreduce
+
+        def step() -> None:
+            allreduce(x, op="sum", out=y)
+
+        return step, lambda: y
+
+
 class MpiLibrary:
     reduces = True
 
@@ -238,6 +254,7 @@ class CopyLibrary:
 
 LIBRARIES: dict[str, Callable[[], Library]] = {
     "tnt": TntLibrary,
+    "tnt-shared": TntSharedLibrary,
     "mpi": MpiLibrary,
     "gloo": GlooLibrary,
     "copy": CopyLibrary,

@@ -57,11 +57,18 @@ DEFAULT_SIZES = [
 ITER_BYTES = 256 * KIB
 MIN_ITERS = 30
 
-LIBRARIES = ["tnt", "mpi", "gloo"]
+LIBRARIES = ["tnt", "tnt-shared", "mpi", "gloo"]
+"""tnt-shared: tnt-comm with input and output from tnt_comm.shared_empty (its single-copy path)."""
 BOUND = "copy"
 """The machine's bound: N processes copying S bytes each at once (see Bound)."""
-LABELS = {"tnt": "tnt-comm", "mpi": "Open MPI", "gloo": "Gloo", BOUND: "copy bound"}
-MODULES = {"tnt": "tnt_comm", "mpi": "mpi4py", "gloo": "torch", BOUND: "numpy"}
+LABELS = {
+    "tnt": "tnt-comm",
+    "tnt-shared": "tnt-comm, shared buffers",
+    "mpi": "Open MPI",
+    "gloo": "Gloo",
+    BOUND: "copy bound",
+}
+MODULES = {"tnt": "tnt_comm", "tnt-shared": "tnt_comm", "mpi": "mpi4py", "gloo": "torch", BOUND: "numpy"}
 
 
 @dataclass
@@ -339,7 +346,7 @@ def commands(
         env = base_env(ranks)
         if library == BOUND:
             env.update(BENCH_RANK=str(rank), BENCH_SIZE=str(ranks), BENCH_BARRIER=str(barrier))
-        elif library == "tnt":
+        elif library in ("tnt", "tnt-shared"):
             env.update(
                 TNT_RANK=str(rank),
                 TNT_SIZE=str(ranks),
@@ -363,7 +370,7 @@ def commands(
         if cores:
             env["BENCH_CPUS"] = ",".join(map(str, sorted(cores)))
         cmds.append(_ranks.Command(worker, env))
-    if library == "tnt":
+    if library in ("tnt", "tnt-shared"):
         job_id, token = secrets.token_hex(6), secrets.token_hex(16)
         for cmd in cmds:
             cmd.env = {**cmd.env, "TNT_JOB_ID": job_id, "TNT_JOB_TOKEN": token}
@@ -534,17 +541,15 @@ def table_rows(runs: dict[str, LibraryRun], sizes: Sequence[int], ranks: int) ->
                     f"{cell.busbw_gbs:.2f}",
                     format_fraction(bound.fraction(cell.latency_s)) if bound else "-",
                 ]
-        tnt = runs.get("tnt")
         mpi = runs.get("mpi")
-        a = tnt.cells.get(nbytes) if tnt else None
         b = mpi.cells.get(nbytes) if mpi else None
-        if a and b and a.status == b.status == "ok":
-            row += [
-                f"{a.latency_s / b.latency_s:.2f}x",
-                f"{a.busbw_gbs / b.busbw_gbs:.2f}x",
-            ]
-        else:
-            row += ["-", "-"]
+        for library in ("tnt", "tnt-shared"):
+            run = runs.get(library)
+            a = run.cells.get(nbytes) if run else None
+            if a and b and a.status == b.status == "ok":
+                row += [f"{a.latency_s / b.latency_s:.2f}x", f"{a.busbw_gbs / b.busbw_gbs:.2f}x"]
+            else:
+                row += ["-", "-"]
         rows.append(row)
     return rows
 
@@ -557,6 +562,9 @@ HEADERS = [
     "tnt lat",
     "tnt busbw",
     "tnt/bound",
+    "shared lat",
+    "shared busbw",
+    "shared/bound",
     "MPI lat",
     "MPI busbw",
     "MPI/bound",
@@ -565,6 +573,8 @@ HEADERS = [
     "Gloo/bound",
     "tnt/MPI lat",
     "tnt/MPI busbw",
+    "shared/MPI lat",
+    "shared/MPI busbw",
 ]
 
 BOUND_MODEL = (
@@ -678,6 +688,7 @@ def plot(
     )
     styles = {
         "tnt": ("tab:red", "o"),
+        "tnt-shared": ("tab:orange", "D"),
         "mpi": ("tab:blue", "s"),
         "gloo": ("tab:green", "^"),
     }

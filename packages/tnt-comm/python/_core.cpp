@@ -269,6 +269,23 @@ PYBIND11_MODULE(_core, m) {
         [&](tnt::Group& grp) { return grp.recv_async(a.ptr, a.count, a.dtype, peer); });
   });
 
+  // A block of the rank's shared arena (Runtime::allocate_shared), as a writable byte buffer that
+  // keeps the block alive for whatever views it.
+  struct SharedBlock {
+    std::shared_ptr<void> memory;
+    std::size_t bytes;
+  };
+  py::class_<SharedBlock>(m, "SharedBlock", py::buffer_protocol())
+      .def_buffer([](SharedBlock& b) {
+        return py::buffer_info(b.memory.get(), 1, py::format_descriptor<std::uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(b.bytes)}, {1});
+      });
+  m.def("allocate_shared", [](std::size_t bytes) -> py::object {
+    std::shared_ptr<void> memory = tnt::Runtime::init().allocate_shared(bytes);
+    if (!memory) return py::none();
+    return py::cast(SharedBlock{std::move(memory), bytes});
+  });
+
   m.def("plan_buckets", [](std::vector<std::size_t> counts, std::vector<int> dtypes,
                            std::size_t threshold) {
     if (counts.size() != dtypes.size()) throw tnt::InvalidArgument("counts and dtypes differ in length");

@@ -126,6 +126,13 @@ void Group::check_peer(int peer, const char* what) const {
   }
 }
 
+namespace {
+bool in_arena(Runtime& rt, const void* p, std::size_t bytes) {
+  const std::shared_ptr<SharedArena>& arena = rt.fabric().arena();
+  return arena && arena->offset_of(p, bytes).has_value();
+}
+}  // namespace
+
 template <typename Make>
 Work Group::run(const char* what, bool blocking, Callback on_done, Make make) {
   std::shared_ptr<Runtime> rt = live(what);
@@ -189,6 +196,13 @@ std::shared_ptr<Operation> Group::allreduce_op(Runtime& rt, const void* in, void
   }
   if (bytes <= kOneShotBytes && size() <= 8) {
     return make_allreduce_one_shot(members(rt), d, in, out, count, dtype, op);
+  }
+  // Shared buffers (every rank's input and output in its arena) take the single-copy path; the
+  // descriptor says so, so a rank whose buffers are not shared fails the call as a mismatch
+  // instead of waiting for messages of another algorithm.
+  if (single_copy_fits(*members(rt), bytes) && in_arena(rt, in, bytes) && in_arena(rt, out, bytes)) {
+    d.shared = 1;
+    return make_allreduce_single_copy(members(rt), d, in, out, count, dtype, op);
   }
   if (members(rt)->host_aware) return make_allreduce_host_aware(members(rt), d, in, out, count, dtype, op);
   return make_allreduce_direct(members(rt), d, in, out, count, dtype, op);

@@ -53,6 +53,11 @@ Identity Identity::from_environment() {
     throw InvalidArgument("TNT_ALLREDUCE=" + id.allreduce +
                           " is not one of auto (host-aware across hosts, the default) or flat");
   }
+  if (const char* s = env("TNT_SINGLE_COPY")) id.single_copy = s;
+  if (id.single_copy != "auto" && id.single_copy != "off") {
+    throw InvalidArgument("TNT_SINGLE_COPY=" + id.single_copy +
+                          " is not one of auto (read peers' buffers in place where allowed, the default) or off");
+  }
   if (id.size == 1) return id;
   for (const char* required : {"TNT_RANK", "TNT_MASTER_ADDR", "TNT_MASTER_PORT", "TNT_JOB_TOKEN"}) {
     if (env(required) == nullptr) {

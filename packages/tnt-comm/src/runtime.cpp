@@ -171,6 +171,13 @@ std::uint64_t Runtime::next_group_id(std::uint64_t ranks_hash) {
   return nth == 0 ? ranks_hash : ranks_hash ^ ((nth + 1) * 0xbf58476d1ce4e5b9ull);
 }
 
+std::shared_ptr<void> Runtime::allocate_shared(std::size_t bytes) {
+  std::shared_ptr<SharedArena> arena = fabric_->arena();
+  if (!arena) return nullptr;
+  std::byte* block = arena->allocate(bytes);
+  return std::shared_ptr<void>(block, [arena](void* p) { arena->release(static_cast<std::byte*>(p)); });
+}
+
 std::vector<std::string> Runtime::transports() const {
   std::vector<std::string> out;
   for (int r = 0; r < identity_.size; ++r) out.push_back(fabric_->transport(r));

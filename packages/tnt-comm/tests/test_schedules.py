@@ -22,8 +22,8 @@ WANT = int(os.environ["TNT_TEST_CALLS"])
 # Groups of 3 and 4 ranks that overlap, several of the same ranks in other orders.
 GROUPS = [list(range(n)), [3, 2, 1, 0], [0, 1, 2], [2, 0, 3], [1, 3, 2], [3, 1, 0, 2]]
 groups = [tc.world() if i == 0 else tc.new_group(g) if r in g else None for i, g in enumerate(GROUPS)]
-KINDS = ["allreduce", "allreduce_in_place", "broadcast", "allgather", "allgatherv", "reduce_scatter",
-         "sendrecv", "fused"]
+KINDS = ["allreduce", "allreduce_in_place", "allreduce_shared", "broadcast", "allgather", "allgatherv",
+         "reduce_scatter", "sendrecv", "fused"]
 DTYPES = [np.float64, np.float32, np.int32]
 calls = 0  # calls started on any group: the same count on every rank
 
@@ -93,6 +93,12 @@ def launch(g, kind, members, count, dtype, blocking, root, other, order, call):
     if kind in ("allreduce", "allreduce_in_place"):
         x = xs[r].copy()
         out = x if kind == "allreduce_in_place" else None
+        result = g.allreduce(x, out=out) if blocking else g.iallreduce(x, out=out)
+        return result, lambda y: check(y, total, what)
+    if kind == "allreduce_shared":  # buffers in the shared arena: the single-copy path from 256 KiB on one host
+        x = tc.shared_empty(count, dtype)
+        x[:] = xs[r]
+        out = x if count % 2 else tc.shared_empty(count, dtype)
         result = g.allreduce(x, out=out) if blocking else g.iallreduce(x, out=out)
         return result, lambda y: check(y, total, what)
     if kind == "broadcast":

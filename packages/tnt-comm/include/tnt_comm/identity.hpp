@@ -19,6 +19,9 @@ struct Identity {
   std::string token;
   std::string transport = "auto";  // auto | shm | tcp
   std::string allreduce = "auto";  // auto | flat (TNT_ALLREDUCE): host-aware across hosts, or never
+  // auto | off (TNT_SINGLE_COPY): large allreduces on one host read peers' buffers in place
+  // (cross-memory attach) where the kernel allows it, or always copy through the shared segment.
+  std::string single_copy = "auto";
   double timeout_s = 300.0;  // TNT_TIMEOUT_S: how long a collective may go without progress
   // TNT_START_TIMEOUT_S: how long the start (every rank arriving, connecting, GPI-2 starting) may
   // take. Unset, the collective timeout but at least kMinStartTimeoutS: ranks start at the pace of

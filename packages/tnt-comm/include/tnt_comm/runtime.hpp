@@ -53,6 +53,13 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   // Transport used towards each world rank ("self", "shm" or "tcp").
   std::vector<std::string> transports() const;
 
+  // A block of `bytes` in this rank's shared arena, which the ranks of its host map: allreduces
+  // of buffers that lie there skip the staging copy of the single-copy path. Released when the
+  // last copy of the pointer goes (it also keeps the arena mapped, beyond finalize()). Null where
+  // the rank has no arena (no peer on its host, TNT_SINGLE_COPY=off, /dev/shm too small): use
+  // ordinary memory then. Throws tnt::Error when the arena or /dev/shm is full.
+  std::shared_ptr<void> allocate_shared(std::size_t bytes);
+
   // "auto" (host-aware across hosts where it fits) or "flat" (TNT_ALLREDUCE).
   const std::string& allreduce_algorithm() const { return identity_.allreduce; }
   Fabric& fabric() { return *fabric_; }

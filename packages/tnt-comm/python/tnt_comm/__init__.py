@@ -63,6 +63,7 @@ __all__ = [
     "recv",
     "reduce_scatter",
     "send",
+    "shared_empty",
     "size",
     "transports",
     "world",
@@ -324,6 +325,23 @@ class Group:
     def irecv(self, out: Any, src: int) -> Work:
         o = as_array(out, "out")
         return Work(_core.recv(self._g, o, int(src), False), out, (o,))
+
+
+def shared_empty(shape: int | Sequence[int], dtype: Any = np.float32) -> np.ndarray:
+    """An uninitialised array in this rank's shared arena, which the other ranks of its host map:
+    large allreduces of such arrays (input and output) skip the copy that stages other buffers
+    (docs/comm.md, "The single-copy path"). Where the rank has no arena (alone on its host,
+    ``TNT_SINGLE_COPY=off``, under 1 GiB free in /dev/shm), an ordinary ``numpy.empty``. The memory
+    returns to the arena when the array and every view of it are gone."""
+    dt = np.dtype(dtype)
+    dims = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(d) for d in shape)
+    if any(d < 0 for d in dims):
+        raise ValueError(f"shared_empty: negative dimension in shape {dims}")
+    nbytes = int(np.prod(dims, dtype=np.int64)) * dt.itemsize
+    block = _core.allocate_shared(nbytes)
+    if block is None:
+        return np.empty(dims, dt)
+    return np.frombuffer(block, dtype=np.uint8, count=nbytes).view(dt).reshape(dims)
 
 
 def plan_buckets(counts: Sequence[int], dtypes: Sequence[Any], threshold_bytes: int) -> list[list[int]]:

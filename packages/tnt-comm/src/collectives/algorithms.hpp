@@ -33,6 +33,17 @@ std::shared_ptr<Operation> make_allreduce_recursive_doubling(std::shared_ptr<con
 std::shared_ptr<Operation> make_allreduce_direct(std::shared_ptr<const Members> members, Descriptor desc, const void* in,
                                                  void* out, std::size_t count, DType dtype,
                                                  ReduceOp op);
+// From this many bytes on, members of one host that may read each other's memory take the
+// single-copy allreduce.
+constexpr std::size_t kSingleCopyBytes = 256 * 1024;
+// Whether the single-copy allreduce applies: every member on one host and readable (cross-memory
+// attach, probed at start; TNT_SINGLE_COPY), and a buffer of at least kSingleCopyBytes.
+bool single_copy_fits(const Members& members, std::size_t bytes);
+// Each member reduces its region straight from the peers' inputs and the peers copy the result
+// straight from its output: every byte crosses between processes once (single_copy.cpp).
+std::shared_ptr<Operation> make_allreduce_single_copy(std::shared_ptr<const Members> members, Descriptor desc,
+                                                      const void* in, void* out, std::size_t count, DType dtype,
+                                                      ReduceOp op);
 // Whether the host-aware allreduce applies to the members' hosts: two or more hosts with the same
 // number (>= 2) of members each.
 bool host_aware_fits(const Members& members);

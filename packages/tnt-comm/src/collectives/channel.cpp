@@ -25,6 +25,7 @@ std::string Descriptor::describe() const {
     }
     if (kind == Kind::broadcast) out << ", root=" << root;
     out << ", count=" << count;
+    if (shared != 0) out << ", shared buffers";
     if (kind == Kind::p2p) out << ", sent by group rank " << root;
   }
   if (kind == Kind::p2p) {

@@ -28,10 +28,13 @@ struct Descriptor {
   std::int32_t root = 0;
   std::uint64_t count = 0;
   std::uint64_t thread = 0;  // hash of the calling thread's name (set_thread_name), 0 if unnamed
+  // Allreduce: 1 where input and output lie in the rank's shared arena and the single-copy
+  // algorithm runs (collectives/single_copy.cpp). Part of the call: every rank must agree.
+  std::uint32_t shared = 0;
 
   bool same_call(const Descriptor& o) const {
     return group == o.group && seq == o.seq && kind == o.kind && dtype == o.dtype && op == o.op &&
-           root == o.root && count == o.count;
+           root == o.root && count == o.count && shared == o.shared;
   }
   bool operator==(const Descriptor& o) const { return same_call(o) && thread == o.thread; }
   bool operator!=(const Descriptor& o) const { return !(*this == o); }

@@ -27,6 +27,10 @@ const MessageHeader* RecvStream::next(const Descriptor& expect, std::uint64_t* i
                              (expect.kind == Kind::p2p
                                   ? " (every send needs a recv of the same dtype and count on the "
                                     "other rank, in the same order)"
+                              : expect.shared != header->desc.shared
+                                  ? " (one passed input and output from tnt_comm.shared_empty, the other did not: "
+                                    "a large allreduce on one host takes another algorithm for shared buffers, so "
+                                    "allocate them alike on every rank)"
                                   : " (every rank must call the same collectives in the same order)"),
                              std::move(detail));
   }

@@ -24,7 +24,8 @@ constexpr int kSlots = 4;
 }  // namespace
 
 Fabric::Fabric(const Identity& identity)
-    : rank_(identity.rank), size_(identity.size), nodes_(static_cast<std::size_t>(identity.size), identity.node_rank) {
+    : rank_(identity.rank), size_(identity.size), nodes_(static_cast<std::size_t>(identity.size), identity.node_rank),
+      arena_of_(1, nullptr) {
   if (size_ != 1) throw InvalidArgument("a fabric of several ranks is built from their mesh");
   peers_.resize(1);
   segment_.layout.world = 1;
@@ -34,7 +35,8 @@ Fabric::Fabric(const Identity& identity)
 }
 
 Fabric::Fabric(const Identity& identity, Mesh mesh, Exchange& exchange, Deadline deadline)
-    : rank_(identity.rank), size_(identity.size), nodes_(mesh.nodes) {
+    : rank_(identity.rank), size_(identity.size), nodes_(mesh.nodes),
+      arena_of_(static_cast<std::size_t>(identity.size), nullptr) {
   peers_.resize(static_cast<std::size_t>(size_));
   if (::pipe2(wake_, O_CLOEXEC) != 0) throw Error("pipe failed");
   for (int r = 0; r < size_; ++r) {
@@ -89,7 +91,17 @@ void Fabric::set_up(const Identity& id, const Mesh& mesh, Exchange& exchange, De
   memory_ = any_shm ? MappedMemory::create_shared(shm_name(rank_), bytes)
                     : MappedMemory::anonymous(bytes);
   segment_.base = memory_.data();
-  exchange.set("segment/" + std::to_string(rank_), "ready");
+  // The shared arena of the single-copy allreduce, where this rank has peers on its host. The
+  // segment's key tells them its size ("ready" without one).
+  auto arena_name = [&](int r) { return shm_name(r) + "-arena"; };
+  if (any_shm && id.single_copy != "off" && SharedArena::shm_has_room()) {
+    try {
+      arena_ = std::make_shared<SharedArena>(arena_name(rank_), SharedArena::default_bytes());
+    } catch (const Error&) {
+      arena_.reset();  // the slot path needs none of it
+    }
+  }
+  exchange.set("segment/" + std::to_string(rank_), arena_ ? "arena " + std::to_string(arena_->size()) : "ready");
 #ifdef TNT_COMM_HAVE_GPI2
   if (use_gpi2) {
     // GPI-2 never notices a dead peer; our connection to every peer does, so a rank that dies
@@ -116,8 +128,11 @@ void Fabric::set_up(const Identity& id, const Mesh& mesh, Exchange& exchange, De
     if (r == rank_) continue;
     Peer& peer = *peers_[static_cast<std::size_t>(r)];
     if (same_host[static_cast<std::size_t>(r)]) {
-      exchange.get("segment/" + std::to_string(r), deadline);
+      const std::string segment = exchange.get("segment/" + std::to_string(r), deadline);
       peer.mapping = MappedMemory::open_shared(shm_name(r), bytes);
+      if (arena_ && segment == "arena " + std::to_string(arena_->size())) {
+        peer.arena = SharedArena::open_peer(arena_name(r), arena_->size());
+      }
       peer.link = std::make_unique<ShmLink>(SegmentView{peer.mapping.data(), segment_.layout});
 #ifdef TNT_COMM_HAVE_GPI2
     } else if (gpi2_) {
@@ -127,12 +142,27 @@ void Fabric::set_up(const Identity& id, const Mesh& mesh, Exchange& exchange, De
       peer.link = std::make_unique<TcpLink>(peer.sock, peer.send_mutex);
     }
   }
-  // Once every local peer has mapped our segment, remove its name: a crash can leave no file.
-  exchange.set("mapped/" + std::to_string(rank_), "1");
+  // Once every local peer has mapped our segment, remove its name: a crash can leave no file. The
+  // key also says whether we mapped every local peer's arena; the arenas join the single-copy
+  // allreduce only where every rank of the host did, so all of them decide alike.
+  bool all_arenas = arena_ != nullptr;
   for (int r = 0; r < size_; ++r) {
-    if (same_host[static_cast<std::size_t>(r)]) exchange.get("mapped/" + std::to_string(r), deadline);
+    if (same_host[static_cast<std::size_t>(r)] && peers_[static_cast<std::size_t>(r)]->arena.data() == nullptr) all_arenas = false;
+  }
+  exchange.set("mapped/" + std::to_string(rank_), all_arenas ? "arenas" : "1");
+  for (int r = 0; r < size_; ++r) {
+    if (same_host[static_cast<std::size_t>(r)] && exchange.get("mapped/" + std::to_string(r), deadline) != "arenas") {
+      all_arenas = false;
+    }
   }
   memory_.unlink();
+  if (arena_) arena_->unlink();
+  if (all_arenas) {
+    arena_of_[static_cast<std::size_t>(rank_)] = arena_->base();
+    for (int r = 0; r < size_; ++r) {
+      if (same_host[static_cast<std::size_t>(r)]) arena_of_[static_cast<std::size_t>(r)] = peers_[static_cast<std::size_t>(r)]->arena.data();
+    }
+  }
 }
 
 std::string Fabric::transport(int peer) const {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "tnt_comm/identity.hpp"
+#include "transport/arena.hpp"
 #include "transport/exchange.hpp"
 #include "transport/gpi2.hpp"
 #include "transport/link.hpp"
@@ -48,6 +49,13 @@ class Fabric {
   bool same_host(int a, int b) const {
     return nodes_[static_cast<std::size_t>(a)] == nodes_[static_cast<std::size_t>(b)];
   }
+  // This rank's shared arena (transport/arena.hpp), or null: no peer on this host, too little
+  // /dev/shm, or TNT_SINGLE_COPY=off.
+  const std::shared_ptr<SharedArena>& arena() const { return arena_; }
+  // Where a rank's arena is mapped here (our own for ourselves), or null. Non-null for every rank
+  // of this host exactly when each of them set up an arena and mapped all the others', which every
+  // rank of the host learns alike at start.
+  std::byte* arena_of(int rank) const { return arena_of_[static_cast<std::size_t>(rank)]; }
   Doorbell doorbell() const { return segment_.doorbell(); }
   // Hands every write this rank posted to the network before a call completes (GPI-2 queues them
   // in its own thread; shm and tcp writes are already out when write_notify returns).
@@ -89,6 +97,7 @@ class Fabric {
     std::mutex send_mutex;
     std::unique_ptr<Link> link;
     MappedMemory mapping;  // the peer's segment, for shm links
+    MappedMemory arena;    // the peer's shared arena, where both have one
     bool said_bye = false;
     // Goodbyes still to come before the peer counts as departed: one on TCP, one more through
     // GPI-2 for a gpi2 link (it lands after the peer's last write; the TCP one may overtake it).
@@ -115,6 +124,8 @@ class Fabric {
   std::vector<int> nodes_;  // node rank of every world rank, from the rendezvous
   MappedMemory memory_;
   SegmentView segment_;
+  std::shared_ptr<SharedArena> arena_;  // shared with the buffers allocated in it
+  std::vector<std::byte*> arena_of_;    // by world rank: see arena_of()
   std::unique_ptr<Gpi2Wire> gpi2_;  // GPI-2 between hosts, when TNT_TRANSPORT=gpi2
   std::vector<std::unique_ptr<Peer>> peers_;  // indexed by world rank; our own entry is empty
   std::thread receiver_;

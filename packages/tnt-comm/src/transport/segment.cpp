@@ -51,7 +51,7 @@ void MappedMemory::keep_until_exit() {
   size_ = 0;
 }
 
-MappedMemory MappedMemory::create_shared(const std::string& name, std::size_t bytes) {
+MappedMemory MappedMemory::create_shared(const std::string& name, std::size_t bytes, int* keep_fd) {
   int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) {
     throw Error("cannot create shared memory " + name + ": " + std::strerror(errno) +
@@ -66,9 +66,18 @@ MappedMemory MappedMemory::create_shared(const std::string& name, std::size_t by
     throw Error("cannot size shared memory " + name + ": " + std::strerror(err) +
                 " (is /dev/shm large enough?)");
   }
-  m.data_ = map_fd(fd, bytes, name);
+  try {
+    m.data_ = map_fd(fd, bytes, name);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
   m.size_ = bytes;
-  ::close(fd);
+  if (keep_fd != nullptr) {
+    *keep_fd = fd;
+  } else {
+    ::close(fd);
+  }
   return m;
 }
 

@@ -61,7 +61,9 @@ struct SegmentView {
 class MappedMemory {
  public:
   MappedMemory() = default;
-  static MappedMemory create_shared(const std::string& name, std::size_t bytes);
+  // With `keep_fd`, the object's descriptor is handed back there (the caller closes it) instead of
+  // closed: for memory that is reserved piece by piece later (fallocate).
+  static MappedMemory create_shared(const std::string& name, std::size_t bytes, int* keep_fd = nullptr);
   static MappedMemory open_shared(const std::string& name, std::size_t bytes);
   static MappedMemory anonymous(std::size_t bytes);
   ~MappedMemory();

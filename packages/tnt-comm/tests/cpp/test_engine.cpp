@@ -145,6 +145,36 @@ int child(int rank, int size, int port, const std::string& transport) {
     }
   }
   world.barrier();
+  // Shared buffers (the single-copy allreduce where all ranks share a host and have an arena; the
+  // slot path otherwise): in place and not, non-blocking on overlapping groups, sizes across
+  // the threshold.
+  {
+    const std::size_t sizes[] = {300001, 40000, 1000003};
+    std::vector<std::shared_ptr<void>> blocks;
+    for (std::size_t n : sizes) {
+      blocks.push_back(rt.allocate_shared(n * sizeof(double)));
+      blocks.push_back(rt.allocate_shared(n * sizeof(double)));
+    }
+    if (blocks.front()) {
+      std::vector<int> reversed(all.rbegin(), all.rend());
+      std::vector<std::shared_ptr<Group>> groups = {rt.new_group(all), rt.new_group(reversed)};
+      std::vector<Work> inflight;
+      for (std::size_t i = 0; i < 3; ++i) {
+        auto* in = static_cast<double*>(blocks[2 * i].get());
+        auto* out = i == 1 ? in : static_cast<double*>(blocks[2 * i + 1].get());
+        for (std::size_t k = 0; k < sizes[i]; ++k) in[k] = static_cast<double>(rank + 1) + static_cast<double>(k % 7);
+        inflight.push_back(groups[i % 2]->allreduce_async(in, out, sizes[i], DType::float64, ReduceOp::sum));
+      }
+      for (std::size_t i = 0; i < 3; ++i) {
+        inflight[i].wait();
+        auto* out = static_cast<double*>(blocks[i == 1 ? 2 * i : 2 * i + 1].get());
+        for (std::size_t k = 0; k < sizes[i]; k += 997) {
+          CHECK(out[k] == size * (size + 1) / 2.0 + size * static_cast<double>(k % 7));
+        }
+      }
+    }
+  }
+  world.barrier();
   Runtime::finalize();
   // After finalize, kept handles raise instead of touching freed state.
   bool refused = false;
