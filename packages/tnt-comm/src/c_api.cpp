@@ -2,8 +2,10 @@
 #include "tnt_comm/c_api.h"
 
 #include <memory>
+#include <mutex>
 #include <new>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "tnt_comm/runtime.hpp"
@@ -119,6 +121,39 @@ int api_broadcast(uint64_t group, void* buf, uint64_t count, int32_t dtype, int3
   }
 }
 
+// The blocks alloc_shared handed out, by address: each keeps its part of the arena (and the
+// arena's mapping) alive until free_shared.
+std::mutex g_blocks_mutex;
+std::unordered_map<void*, std::shared_ptr<void>>& blocks() {
+  // Never destroyed (the one deliberate leak): tensors may be freed by threads still running at exit.
+  static auto* held = new std::unordered_map<void*, std::shared_ptr<void>>();
+  return *held;
+}
+
+int api_alloc_shared(uint64_t bytes, void** block) {
+  try {
+    *block = nullptr;
+    std::shared_ptr<void> memory = tnt::Runtime::init().allocate_shared(bytes);
+    if (!memory) return 0;
+    std::lock_guard<std::mutex> lock(g_blocks_mutex);
+    *block = memory.get();
+    blocks().emplace(memory.get(), std::move(memory));
+    return 0;
+  } catch (const std::exception& e) {
+    return fail(e);
+  }
+}
+
+void api_free_shared(void* block) {
+  if (block == nullptr) return;
+  std::shared_ptr<void> memory;  // released after the unlock
+  std::lock_guard<std::mutex> lock(g_blocks_mutex);
+  auto it = blocks().find(block);
+  if (it == blocks().end()) return;
+  memory = std::move(it->second);
+  blocks().erase(it);
+}
+
 const tnt_comm_error* api_last_error() {
   if (!t_last_error) {
     static const tnt_comm_error kNone = {TNT_COMM_ERROR, "no error", nullptr, 0, "", 0, -1, "", ""};
@@ -127,8 +162,9 @@ const tnt_comm_error* api_last_error() {
   return t_last_error->view();
 }
 
-const tnt_comm_api_v2 kTable = {TNT_COMM_C_API_VERSION, api_rank,      api_size,
-                                api_allreduce,          api_broadcast, api_last_error};
+const tnt_comm_api_v2 kTable = {TNT_COMM_C_API_VERSION, api_rank,       api_size,
+                                api_allreduce,          api_broadcast,  api_last_error,
+                                api_alloc_shared,       api_free_shared};
 
 }  // namespace
 

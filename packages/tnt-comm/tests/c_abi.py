@@ -75,6 +75,8 @@ class Api(ctypes.Structure):
             ),
         ),
         ("last_error", ctypes.CFUNCTYPE(ctypes.POINTER(Error))),
+        ("alloc_shared", ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint64, ctypes.POINTER(ctypes.c_void_p))),
+        ("free_shared", ctypes.CFUNCTYPE(None, ctypes.c_void_p)),
     ]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import re
 import shutil
@@ -78,6 +79,10 @@ def test_c_abi_capsule() -> None:
     error = api.last_error().contents.data()
     assert error["kind"] == "InvalidArgument" and "no group with id 12345" in error["message"], error
     assert results == []
+    # A single rank has no shared arena: no block, and freeing none is fine.
+    block = ctypes.c_void_p(1)
+    assert api.alloc_shared(1 << 20, ctypes.byref(block)) == 0 and block.value is None
+    api.free_shared(None)
 
 
 def test_build_info_says_what_this_build_has() -> None:

@@ -137,3 +137,32 @@ except ValueError as e:
 """
     for res in run(2, code, tmp_path, env={"TNT_SINGLE_COPY": "yes"}):
         assert "refused" in res.stdout
+
+
+C_ABI = f"""
+import ctypes, sys, numpy as np, tnt_comm as tc
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+import c_abi
+api = c_abi.table()
+results, done = c_abi.recorder()
+count = 300_001
+block = ctypes.c_void_p()
+assert api.alloc_shared(count * 8, ctypes.byref(block)) == 0 and block.value, "no block on a shared host"
+x = np.ctypeslib.as_array((ctypes.c_double * count).from_address(block.value))
+x[:] = np.arange(count) + tc.rank()
+assert api.allreduce_async(0, block.value, block.value, count, 3, 0, done, None) == 0  # float64, sum, in place
+tc.barrier()  # a blocking call drives the queued allreduce too
+assert results.pop() is None
+assert np.array_equal(x, 2 * np.arange(count) + 1.0)
+first = block.value
+api.free_shared(block)
+again = ctypes.c_void_p()
+assert api.alloc_shared(count * 8, ctypes.byref(again)) == 0 and again.value == first  # reused
+api.free_shared(again)
+print("ok")
+"""
+
+
+def test_c_abi_blocks_take_the_single_copy_path(tmp_path: Path) -> None:
+    results = run(2, C_ABI, tmp_path)
+    assert all(res.stdout.strip().endswith("ok") for res in results)

@@ -72,6 +72,14 @@ typedef struct tnt_comm_api_v2 {
                          tnt_comm_done_fn done, void* ctx);
   /* The last failed call of this table on this thread. */
   const tnt_comm_error* (*last_error)(void);
+  /* A block of `bytes` in this rank's shared arena, which the ranks of its host map (the memory of
+   * tnt_comm.shared_empty): a large allreduce whose input and output lie there on every rank of a
+   * one-host group skips a copy. Sets *block to NULL where the rank has no arena (then use your
+   * own memory); returns nonzero on failure (the arena or /dev/shm full: see last_error). Every
+   * rank must place an allreduce's buffers alike, or the call fails as a collective mismatch. */
+  int (*alloc_shared)(uint64_t bytes, void** block);
+  /* Returns a block of alloc_shared (NULL is ignored). Any thread. */
+  void (*free_shared)(void* block);
 } tnt_comm_api_v2;
 
 /* Returns the table. The runtime initialises from the environment on the first call that needs

@@ -131,7 +131,11 @@ void Fabric::set_up(const Identity& id, const Mesh& mesh, Exchange& exchange, De
       const std::string segment = exchange.get("segment/" + std::to_string(r), deadline);
       peer.mapping = MappedMemory::open_shared(shm_name(r), bytes);
       if (arena_ && segment == "arena " + std::to_string(arena_->size())) {
-        peer.arena = SharedArena::open_peer(arena_name(r), arena_->size());
+        try {
+          peer.arena = SharedArena::open_peer(arena_name(r), arena_->size());
+        } catch (const Error&) {
+          // (A limit on address space, say.) Then no rank of this host takes the single-copy path.
+        }
       }
       peer.link = std::make_unique<ShmLink>(SegmentView{peer.mapping.data(), segment_.layout});
 #ifdef TNT_COMM_HAVE_GPI2

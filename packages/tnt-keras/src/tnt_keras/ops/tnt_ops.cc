@@ -12,7 +12,8 @@
 //
 // TntFusedSumStart / TntFusedSumWait do the same for a list of tensors in one collective: the start
 // copies every input, optionally times a scale, into one flat buffer at 64-byte aligned offsets and
-// sums it in place; the wait's outputs are views into that buffer. Gradient fusion so costs one
+// sums it in place; the wait's outputs are views into that buffer. The buffer lies in tnt_comm's
+// shared arena where there is one, so that large buckets take its single-copy allreduce. Gradient fusion so costs one
 // pass over the gradients instead of three (scale, concatenate, split into copies).
 //
 // Built by tnt_keras/ops/_build.py against the installed TensorFlow; see there for the flags.
@@ -28,6 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "tensorflow/core/framework/allocation_description.pb.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -294,6 +296,26 @@ void CopyScaled(const Tensor& src, Tensor* dst, std::int64_t offset, const float
   }
 }
 
+// A tensor's memory in tnt_comm's shared arena (the C ABI's alloc_shared), returned when the last
+// tensor or view of it goes.
+class SharedBuffer : public tensorflow::TensorBuffer {
+ public:
+  SharedBuffer(void* block, std::size_t bytes, const tnt_comm_api_v2* api)
+      : TensorBuffer(block), bytes_(bytes), api_(api) {}
+  ~SharedBuffer() override { api_->free_shared(data()); }
+  std::size_t size() const override { return bytes_; }
+  TensorBuffer* root_buffer() override { return this; }
+  void FillAllocationDescription(tensorflow::AllocationDescription* proto) const override {
+    proto->set_requested_bytes(static_cast<std::int64_t>(bytes_));
+    proto->set_allocated_bytes(static_cast<std::int64_t>(bytes_));
+    proto->set_allocator_name("tnt_comm_shared_arena");
+  }
+
+ private:
+  std::size_t bytes_;
+  const tnt_comm_api_v2* api_;
+};
+
 class FusedSumStartOp : public OpKernel {
  public:
   explicit FusedSumStartOp(OpKernelConstruction* c) : OpKernel(c) {
@@ -330,8 +352,23 @@ class FusedSumStartOp : public OpKernel {
       shapes.push_back(inputs[i].shape());
       total += (inputs[i].NumElements() + align - 1) / align * align;
     }
+    // The flat buffer lives in tnt_comm's shared arena where the rank has one, so a large bucket
+    // on one host takes the single-copy allreduce; in TensorFlow's memory otherwise.
     Tensor* output = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({total}), &output));
+    const std::uint64_t nbytes = static_cast<std::uint64_t>(total * element_);
+    void* block = nullptr;
+    if (api->alloc_shared(nbytes, &block) != 0) {
+      const tnt_comm_error* error = api->last_error();
+      ctx->CtxFailure(ErrorStatus("tnt_comm could not allocate a gradient bucket: ", error->message, ErrorData(*error)));
+      return;
+    }
+    if (block != nullptr) {
+      tensorflow::core::RefCountPtr<tensorflow::TensorBuffer> buffer(new SharedBuffer(block, nbytes, api));
+      ctx->set_output(0, Tensor(inputs[0].dtype(), TensorShape({total}), std::move(buffer)));
+      output = ctx->mutable_output(0);
+    } else {
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({total}), &output));
+    }
     Tensor* handle = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({}), &handle));
 
