@@ -636,7 +636,7 @@ def print_table(
     except ImportError:
         print_plain(heading, rows, notes)
         return
-    console = Console() if sys.stdout.isatty() else Console(width=200)
+    console = Console() if sys.stdout.isatty() else Console(width=280)
     table = Table(
         title=heading, title_justify="left", caption=notes or None, caption_justify="left"
     )
