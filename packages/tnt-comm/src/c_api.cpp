@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "tnt_comm/fusion.hpp"
 #include "tnt_comm/runtime.hpp"
 
 namespace {
@@ -154,6 +155,36 @@ void api_free_shared(void* block) {
   blocks().erase(it);
 }
 
+tnt::FusedLayout layout_of(uint32_t n, const uint64_t* counts, int32_t dtype) {
+  std::vector<std::size_t> sizes(counts, counts + n);
+  return tnt::fused_layout(sizes, static_cast<tnt::DType>(dtype));
+}
+
+uint64_t api_fused_layout(uint32_t n, const uint64_t* counts, int32_t dtype, uint64_t* offsets) {
+  try {
+    const tnt::FusedLayout layout = layout_of(n, counts, dtype);
+    for (uint32_t i = 0; i < n; ++i) offsets[i] = layout.offsets[i];
+    return layout.count;
+  } catch (const std::exception& e) {
+    fail(e);
+    return 0;
+  }
+}
+
+int api_fused_allreduce(uint64_t group, uint32_t n, const void* const* srcs, const uint64_t* counts, void* dst,
+                        int32_t dtype, int32_t op, const float* scale, tnt_comm_done_fn done, void* ctx) {
+  try {
+    std::shared_ptr<tnt::Group> g = group_of(group);
+    const tnt::FusedLayout layout = layout_of(n, counts, dtype);
+    for (uint32_t i = 0; i < n; ++i) tnt::pack_tensor(layout, i, srcs[i], static_cast<tnt::DType>(dtype), scale, dst);
+    g->allreduce_async(dst, dst, layout.count, static_cast<tnt::DType>(dtype), static_cast<tnt::ReduceOp>(op),
+                       [done, ctx](std::exception_ptr e) { report(done, ctx, e); });
+    return 0;
+  } catch (const std::exception& e) {
+    return fail(e);
+  }
+}
+
 const tnt_comm_error* api_last_error() {
   if (!t_last_error) {
     static const tnt_comm_error kNone = {TNT_COMM_ERROR, "no error", nullptr, 0, "", 0, -1, "", ""};
@@ -164,7 +195,8 @@ const tnt_comm_error* api_last_error() {
 
 const tnt_comm_api_v2 kTable = {TNT_COMM_C_API_VERSION, api_rank,       api_size,
                                 api_allreduce,          api_broadcast,  api_last_error,
-                                api_alloc_shared,       api_free_shared};
+                                api_alloc_shared,       api_free_shared, api_fused_layout,
+                                api_fused_allreduce};
 
 }  // namespace
 

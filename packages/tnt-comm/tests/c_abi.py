@@ -77,6 +77,29 @@ class Api(ctypes.Structure):
         ("last_error", ctypes.CFUNCTYPE(ctypes.POINTER(Error))),
         ("alloc_shared", ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint64, ctypes.POINTER(ctypes.c_void_p))),
         ("free_shared", ctypes.CFUNCTYPE(None, ctypes.c_void_p)),
+        (
+            "fused_layout",
+            ctypes.CFUNCTYPE(
+                ctypes.c_uint64, ctypes.c_uint32, ctypes.POINTER(ctypes.c_uint64), ctypes.c_int32,
+                ctypes.POINTER(ctypes.c_uint64),
+            ),
+        ),
+        (
+            "fused_allreduce_async",
+            ctypes.CFUNCTYPE(
+                ctypes.c_int,
+                ctypes.c_uint64,
+                ctypes.c_uint32,
+                ctypes.POINTER(ctypes.c_void_p),
+                ctypes.POINTER(ctypes.c_uint64),
+                ctypes.c_void_p,
+                ctypes.c_int32,
+                ctypes.c_int32,
+                ctypes.POINTER(ctypes.c_float),
+                DONE,
+                ctypes.c_void_p,
+            ),
+        ),
     ]
 
 

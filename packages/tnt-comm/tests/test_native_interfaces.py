@@ -83,6 +83,22 @@ def test_c_abi_capsule() -> None:
     block = ctypes.c_void_p(1)
     assert api.alloc_shared(1 << 20, ctypes.byref(block)) == 0 and block.value is None
     api.free_shared(None)
+    # Tensor fusion: the layout (64-byte aligned offsets), then copy, scale and sum in one call.
+    counts = (ctypes.c_uint64 * 2)(3, 20)
+    offsets = (ctypes.c_uint64 * 2)()
+    assert api.fused_layout(2, counts, 2, offsets) == 48 and list(offsets) == [0, 16]
+    a, b = np.array([1, 2, 3], np.float32), np.full(20, 4, np.float32)
+    flat = np.full(48, 7, np.float32)  # whatever was there: the padding becomes 0
+    sources = (ctypes.c_void_p * 2)(a.ctypes.data, b.ctypes.data)
+    half = ctypes.c_float(0.5)
+    assert api.fused_allreduce_async(0, 2, sources, counts, flat.ctypes.data, 2, 0, ctypes.byref(half), done, None) == 0
+    tnt_comm.barrier()
+    assert results.pop() is None
+    want = np.zeros(48, np.float32)
+    want[:3], want[16:36] = a * 0.5, b * 0.5
+    assert np.array_equal(flat, want), flat
+    assert api.fused_allreduce_async(0, 1, sources, counts, flat.ctypes.data, 4, 0, ctypes.byref(half), done, None) != 0
+    assert "floating-point" in api.last_error().contents.data()["message"]  # int32 takes no scale
 
 
 def test_build_info_says_what_this_build_has() -> None:

@@ -80,6 +80,18 @@ typedef struct tnt_comm_api_v2 {
   int (*alloc_shared)(uint64_t bytes, void** block);
   /* Returns a block of alloc_shared (NULL is ignored). Any thread. */
   void (*free_shared)(void* block);
+  /* Tensor fusion, the one implementation tnt_comm's FusedAllreduce also uses. The layout of a
+   * fused buffer of `n` tensors of `counts[i]` elements of `dtype`: tensor i starts at element
+   * offsets[i], a multiple of 64 bytes, zeros fill the gaps. Returns the buffer's elements
+   * (0 with last_error set for an unknown dtype). */
+  uint64_t (*fused_layout)(uint32_t n, const uint64_t* counts, int32_t dtype, uint64_t* offsets);
+  /* Copies the n tensors into `dst` as fused_layout lays them out (zeroing the gaps), each times
+   * *scale where scale is not NULL (floating dtypes: the scale and each product rounded to the
+   * dtype; a scale of 0 gives zeros even for NaN inputs), then starts the allreduce of dst in
+   * place, as allreduce_async does. The copy is done when this returns. */
+  int (*fused_allreduce_async)(uint64_t group, uint32_t n, const void* const* srcs, const uint64_t* counts,
+                               void* dst, int32_t dtype, int32_t op, const float* scale, tnt_comm_done_fn done,
+                               void* ctx);
 } tnt_comm_api_v2;
 
 /* Returns the table. The runtime initialises from the environment on the first call that needs

@@ -1,11 +1,14 @@
 #include <cstring>
 
 #include "tnt_comm/fusion.hpp"
+#include "tnt_comm/runtime.hpp"
 
 namespace tnt {
 
 struct FusedAllreduce::BucketState {
-  std::vector<std::byte> buffer;
+  std::shared_ptr<void> shared;   // the buffer, in the shared arena where the rank has one
+  std::vector<std::byte> own;     // or here
+  std::byte* buffer = nullptr;
   std::vector<bool> started;  // by position in the bucket
   std::size_t started_count = 0;
   std::size_t waited_count = 0;
@@ -26,7 +29,15 @@ FusedAllreduce::FusedAllreduce(Group& group, std::vector<TensorSpec> tensors,
   bucket_of_.resize(tensors_.size());
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     auto state = std::make_unique<BucketState>();
-    state->buffer.resize(buckets_[b].count * dtype_size(buckets_[b].dtype));
+    const std::size_t bytes = buckets_[b].layout.count * dtype_size(buckets_[b].dtype);
+    Runtime* rt = Runtime::get();
+    state->shared = rt != nullptr && bytes > 0 ? rt->allocate_shared(bytes) : nullptr;
+    if (state->shared) {
+      state->buffer = static_cast<std::byte*>(state->shared.get());
+    } else {
+      state->own.resize(bytes);
+      state->buffer = state->own.data();
+    }
     state->started.assign(buckets_[b].tensors.size(), false);
     state_.push_back(std::move(state));
     for (std::size_t t : buckets_[b].tensors) bucket_of_[t] = b;
@@ -62,8 +73,7 @@ void FusedAllreduce::start(std::size_t i, const void* data) {
     throw InvalidArgument("FusedAllreduce.start: tensor " + std::to_string(i) +
                           " was already started in this round; wait for it first");
   }
-  const std::size_t elem = dtype_size(buckets_[b].dtype);
-  std::memcpy(s.buffer.data() + buckets_[b].offsets[pos] * elem, data, tensors_[i].count * elem);
+  pack_tensor(buckets_[b].layout, pos, data, buckets_[b].dtype, nullptr, s.buffer);
   s.started[pos] = true;
   ++s.started_count;
   launch_ready_buckets();
@@ -74,7 +84,7 @@ void FusedAllreduce::launch_ready_buckets() {
     BucketState& s = *state_[next_launch_];
     const Bucket& b = buckets_[next_launch_];
     if (s.started_count != b.tensors.size()) return;
-    s.work = group_->allreduce_async(s.buffer.data(), s.buffer.data(), b.count, b.dtype, op_);
+    s.work = group_->allreduce_async(s.buffer, s.buffer, b.layout.count, b.dtype, op_);
     s.launched = true;
     ++next_launch_;
   }
@@ -104,7 +114,7 @@ void FusedAllreduce::wait(std::size_t i, void* out) {
   }
   s.work.wait();
   const std::size_t elem = dtype_size(buckets_[b].dtype);
-  std::memcpy(out, s.buffer.data() + buckets_[b].offsets[pos] * elem, tensors_[i].count * elem);
+  std::memcpy(out, s.buffer + buckets_[b].layout.offsets[pos] * elem, tensors_[i].count * elem);
   s.started[pos] = false;
   if (++s.waited_count == buckets_[b].tensors.size()) {
     s.started_count = 0;

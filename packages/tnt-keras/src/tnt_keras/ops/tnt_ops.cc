@@ -10,10 +10,12 @@
 // ComputeAsync only registers TensorFlow's `done`; the engine's completion callback (on tnt_comm's
 // progress thread) forwards the result and calls it. No inter-op thread is ever blocked.
 //
-// TntFusedSumStart / TntFusedSumWait do the same for a list of tensors in one collective: the start
-// copies every input, optionally times a scale, into one flat buffer at 64-byte aligned offsets and
-// sums it in place; the wait's outputs are views into that buffer. The buffer lies in tnt_comm's
-// shared arena where there is one, so that large buckets take its single-copy allreduce. Gradient fusion so costs one
+// TntFusedSumStart / TntFusedSumWait do the same for a list of tensors in one collective, through
+// tnt-comm's tensor fusion (the C ABI's fused_layout and fused_allreduce_async, which its
+// FusedAllreduce uses too): every input is copied, optionally times a scale, into one flat buffer
+// at 64-byte aligned offsets, which is summed in place; the wait's outputs are views into it. The
+// buffer lies in tnt_comm's shared arena where there is one, so that large buckets take its
+// single-copy allreduce. Gradient fusion so costs one
 // pass over the gradients instead of three (scale, concatenate, split into copies).
 //
 // Built by tnt_keras/ops/_build.py against the installed TensorFlow; see there for the flags.
@@ -255,47 +257,6 @@ class AllreduceStartOp : public OpKernel {
   std::int32_t op_ = -1;
 };
 
-// Aligned views of the flat buffer are what TensorFlow's kernels require (Tensor::IsAligned).
-constexpr std::int64_t kAlignBytes = 64;
-
-// dst[i] = src[i] * scale, and 0 wherever scale is 0 even for NaN or infinite src (like
-// tf.math.multiply_no_nan: a rank without samples has the share 0 and may hold NaN gradients).
-// The scale is rounded to T first, as tf.cast would, so products equal TensorFlow's bit for bit.
-template <typename T>
-void CopyScaled(const T* src, T* dst, std::int64_t n, const float* scale) {
-  if (scale == nullptr) {
-    if (n > 0) std::memcpy(dst, src, static_cast<std::size_t>(n) * sizeof(T));
-    return;
-  }
-  const T s = static_cast<T>(*scale);
-  if (static_cast<float>(s) == 0.0f) {
-    std::fill(dst, dst + n, static_cast<T>(0.0f));
-    return;
-  }
-  for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(src[i] * s);
-}
-
-void CopyScaled(const Tensor& src, Tensor* dst, std::int64_t offset, const float* scale) {
-  const std::int64_t n = src.NumElements();
-  switch (src.dtype()) {
-#define TNT_COPY_CASE(DT, T)                                                              \
-  case tensorflow::DT:                                                                    \
-    CopyScaled<T>(static_cast<const T*>(src.data()), dst->flat<T>().data() + offset, n, \
-                  scale);                                                                 \
-    break;
-    TNT_COPY_CASE(DT_HALF, Eigen::half)
-    TNT_COPY_CASE(DT_BFLOAT16, tensorflow::bfloat16)
-    TNT_COPY_CASE(DT_FLOAT, float)
-    TNT_COPY_CASE(DT_DOUBLE, double)
-#undef TNT_COPY_CASE
-    default:  // integers: no scale (checked at construction)
-      if (n > 0) {
-        std::memcpy(static_cast<char*>(dst->data()) + offset * tensorflow::DataTypeSize(src.dtype()),
-                    src.data(), static_cast<std::size_t>(n) * tensorflow::DataTypeSize(src.dtype()));
-      }
-  }
-}
-
 // A tensor's memory in tnt_comm's shared arena (the C ABI's alloc_shared), returned when the last
 // tensor or view of it goes.
 class SharedBuffer : public tensorflow::TensorBuffer {
@@ -343,21 +304,24 @@ class FusedSumStartOp : public OpKernel {
                 absl::InvalidArgumentError("TntFusedSumStart: the scale must be a scalar"));
     const float scale = scale_tensor.scalar<float>()();
 
-    const std::int64_t align = std::max<std::int64_t>(1, kAlignBytes / element_);
-    std::vector<std::int64_t> offsets;
+    // tnt-comm lays the tensors out (64-byte aligned offsets), copies and scales them in, and sums.
+    const auto n = static_cast<std::uint32_t>(inputs.size());
+    std::vector<std::uint64_t> counts(n), offsets(n);
+    std::vector<const void*> sources(n);
     std::vector<TensorShape> shapes;
-    std::int64_t total = 0;
-    for (int i = 0; i < inputs.size(); ++i) {
-      offsets.push_back(total);
+    for (std::uint32_t i = 0; i < n; ++i) {
+      counts[i] = static_cast<std::uint64_t>(inputs[i].NumElements());
+      sources[i] = inputs[i].data();
       shapes.push_back(inputs[i].shape());
-      total += (inputs[i].NumElements() + align - 1) / align * align;
     }
+    const auto total = static_cast<std::int64_t>(api->fused_layout(n, counts.data(), dtype_, offsets.data()));
+
     // The flat buffer lives in tnt_comm's shared arena where the rank has one, so a large bucket
     // on one host takes the single-copy allreduce; in TensorFlow's memory otherwise.
     Tensor* output = nullptr;
-    const std::uint64_t nbytes = static_cast<std::uint64_t>(total * element_);
+    const auto nbytes = static_cast<std::uint64_t>(total * element_);
     void* block = nullptr;
-    if (api->alloc_shared(nbytes, &block) != 0) {
+    if (nbytes > 0 && api->alloc_shared(nbytes, &block) != 0) {
       const tnt_comm_error* error = api->last_error();
       ctx->CtxFailure(ErrorStatus("tnt_comm could not allocate a gradient bucket: ", error->message, ErrorData(*error)));
       return;
@@ -372,22 +336,18 @@ class FusedSumStartOp : public OpKernel {
     Tensor* handle = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({}), &handle));
 
-    // Padding is summed too, so it must be the same on every rank: zeros. Only the padding: the
-    // copies write everything else, and zeroing the whole bucket first cost one more pass over it.
-    char* const bytes = static_cast<char*>(output->data());
-    for (int i = 0; i < inputs.size(); ++i) {
-      CopyScaled(inputs[i], output, offsets[i], scaled_ ? &scale : nullptr);
-      const std::int64_t end = offsets[i] + inputs[i].NumElements();
-      const std::int64_t next = i + 1 < inputs.size() ? offsets[i + 1] : total;
-      if (next > end) std::memset(bytes + end * element_, 0, static_cast<std::size_t>((next - end) * element_));
-    }
-
     auto* p = new Pending;
     p->output = *output;
-    p->offsets = std::move(offsets);
+    p->offsets.assign(offsets.begin(), offsets.end());
     p->shapes = std::move(shapes);
     handle->scalar<std::int64_t>()() = reinterpret_cast<std::intptr_t>(p);
-    Submit(ctx, api, p, output->data(), output->data(), static_cast<std::uint64_t>(total), dtype_, TNT_COMM_SUM);
+    // Group 0: the world. A start that fails deletes p (the callback will not run).
+    if (api->fused_allreduce_async(0, n, sources.data(), counts.data(), output->data(), dtype_, TNT_COMM_SUM,
+                                   scaled_ ? &scale : nullptr, &OnDone, p) != 0) {
+      const tnt_comm_error* error = api->last_error();
+      delete p;
+      ctx->CtxFailure(ErrorStatus("tnt_comm allreduce could not start: ", error->message, ErrorData(*error)));
+    }
   }
 
  private:
