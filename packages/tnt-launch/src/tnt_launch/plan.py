@@ -128,6 +128,9 @@ class Plan:
     """Its lines: rank r's host on line r."""
     gpi2_port_base: int | None = None
     """The TNT_GPI2_PORT_BASE the launcher picked and set (not one of the user's)."""
+    hide_tf_startup: bool = False
+    """Whether the supervisor drops TensorFlow's known start-up lines from the ranks' stderr
+    (quiet.py): unless --log-level DEBUG or the user set TF_CPP_MIN_LOG_LEVEL."""
     gpi2: str | None = None
     """With --transport gpi2: one line on what tnt-launch set up for GPI-2, or why it did not."""
 
@@ -456,4 +459,5 @@ def build_plan(
         gpi2_machines=tuple(machines),
         gpi2_port_base=port_base,
         gpi2=gpi2_note,
+        hide_tf_startup=log_level != "DEBUG" and TF_LOG_VARIABLE not in user_set,
     )

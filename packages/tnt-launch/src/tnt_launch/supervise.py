@@ -30,7 +30,7 @@ from typing import Any, BinaryIO
 
 import psutil
 
-from tnt_launch import jobs
+from tnt_launch import jobs, quiet
 from tnt_launch._agent import MARKER
 from tnt_launch.config import LaunchConfig
 from tnt_launch.hosts import Host
@@ -155,6 +155,7 @@ class _Stream:
         self.partial = b""
         self.open = True
         self.agent_lines = _AgentLines() if name == "err" else None
+        self.startup_filter: quiet.StartupFilter | None = None  # set where the plan hides TF's start-up lines
 
 
 class _RankRun:
@@ -307,6 +308,8 @@ class Supervisor:
         assert proc.stdout is not None and proc.stderr is not None
         for name, pipe in (("out", proc.stdout), ("err", proc.stderr)):
             stream = _Stream(run, name, pipe.fileno())
+            if name == "err" and self.plan.hide_tf_startup:
+                stream.startup_filter = quiet.StartupFilter()
             run.streams.append(stream)
             os.set_blocking(stream.fd, False)
             self.selector.register(stream.fd, selectors.EVENT_READ, stream)
@@ -349,6 +352,8 @@ class Supervisor:
             data, messages = stream.agent_lines.feed(data)
             for message in messages:
                 self._on_message(run, message)
+        if stream.startup_filter is not None:
+            data = stream.startup_filter.feed(data)
         self._on_output(stream, data)
 
     def _on_output(self, stream: _Stream, data: bytes) -> None:
@@ -415,7 +420,10 @@ class Supervisor:
             return
         stream.open = False
         if stream.agent_lines is not None:
-            self._on_output(stream, stream.agent_lines.flush())
+            rest = stream.agent_lines.flush()
+            if stream.startup_filter is not None:
+                rest = stream.startup_filter.feed(rest) + stream.startup_filter.flush()
+            self._on_output(stream, rest)
         if stream.partial:
             partial, stream.partial = stream.partial, b""
             self._on_line(stream, partial + b"\n")
