@@ -24,13 +24,13 @@ import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 import psutil
 
-from tnt_launch import jobs, quiet
+from tnt_launch import blame, jobs, quiet
 from tnt_launch._agent import MARKER
 from tnt_launch.config import LaunchConfig
 from tnt_launch.hosts import Host
@@ -47,16 +47,11 @@ _HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 STATE_WAIT_S = 3.0
 """How long a failing job waits for its agents to say whether their ranks are stopped (an ssh
 round trip) before it stops them anyway."""
-# The kinds of tnt-comm's failures (tnt_comm.error_data's "kind"): the rank is about to exit with
-# one of them. TensorFlow's teardown can take seconds after it, so the job is stopped FATAL_GRACE_S
-# after such a report even while the rank still runs.
-FATAL_KINDS = ("Timeout", "PeerFailure", "CollectiveMismatch")
+# After a rank reports one of tnt-comm's failures (blame.FATAL_KINDS) it is about to exit, but
+# TensorFlow's teardown can take seconds: the job is stopped FATAL_GRACE_S after such a report even
+# while the rank still runs.
 FATAL_GRACE_S = 1.0
-STOPPED_REASON = "process stopped, e.g. by SIGSTOP or a debugger"
-
-
-def _ranks(numbers: Sequence[int]) -> str:
-    return ", ".join(f"rank {n}" for n in numbers)
+_ranks = blame.ranks_text
 
 
 @dataclass(frozen=True)
@@ -176,35 +171,13 @@ class _RankRun:
         self.error: dict[str, Any] | None = None
         """The exception the rank reported it ends with, as data (tnt_comm.error_data)."""
         self.fatal_at: float | None = None
-        """When the rank reported a tnt-comm failure (see FATAL_KINDS)."""
+        """When the rank reported a tnt-comm failure (see blame.FATAL_KINDS)."""
         self.files: dict[str, BinaryIO] = {}
         self.streams: list[_Stream] = []
 
     @property
     def running(self) -> bool:
         return self.status is None
-
-    def _blamed(self, kind: str) -> list[int]:
-        """The ranks this rank's report of a ``kind`` error blames."""
-        if self.error is None or self.error.get("kind") != kind:
-            return []
-        return [r for r in self.error.get("ranks") or [] if isinstance(r, int)]
-
-    @property
-    def timed_out(self) -> bool:
-        return self.error is not None and self.error.get("kind") == "Timeout"
-
-    @property
-    def named_no_progress(self) -> list[int]:
-        """The ranks its timeout in a collective blames: those that made no progress in it (a
-        start that timed out blames the ranks that did not arrive: not this)."""
-        return self._blamed("Timeout") if self.error and self.error.get("operation") else []
-
-    @property
-    def named_dead(self) -> int | None:
-        """The rank whose death its PeerFailure reports."""
-        ranks = self._blamed("PeerFailure")
-        return ranks[0] if ranks else None
 
     def send(self, command: bytes) -> None:
         if self.proc is None or self.proc.stdin is None or self.proc.stdin.closed:
@@ -398,7 +371,7 @@ class Supervisor:
             run.reported = message
         elif message.get("event") == "error" and isinstance(message.get("error"), dict) and run.error is None:
             run.error = message["error"]
-            if run.error.get("kind") in FATAL_KINDS:
+            if blame.is_fatal(run.error):
                 run.fatal_at = time.monotonic()
         elif message.get("event") == "state":
             run.state = message
@@ -664,77 +637,17 @@ class Supervisor:
     # -- the end ----------------------------------------------------------------------------
 
     def _describe_failure(self, run: _RankRun) -> str:
-        assert run.status is not None
-        status = run.status
-        if run.fatal_at is not None and status.signal is not None and self.stopping:
-            # Stopped by us while it was exiting with the error it printed.
-            what = "timed out" if run.timed_out else "failed with a tnt-comm error"
-            return f"{what} (stopped by tnt-launch while exiting)"
-        text = status.describe()
-        if run.timed_out and status.error is None and status.signal is None:
-            text += " after timing out"
-        return text
-
-    def _no_progress(self) -> list[tuple[list[int], str]]:
-        """Ranks that made no progress, grouped by how that is known: stopped processes first,
-        then the ranks that the failed ranks' timeout messages name."""
-        stopped = [r.spec.rank for r in self.runs if r.state and r.state.get("stopped")]
-        named: dict[int, list[int]] = {}
-        for run in self.runs:
-            if not run.failed_on_its_own:
-                continue
-            for rank in run.named_no_progress:
-                if rank not in stopped and rank != run.spec.rank and 0 <= rank < self.plan.size:
-                    named.setdefault(rank, []).append(run.spec.rank)
-        groups: list[tuple[list[int], str]] = []
-        if stopped:
-            groups.append((stopped, STOPPED_REASON))
-        by_reporters: dict[tuple[int, ...], list[int]] = {}
-        for rank, reporters in named.items():
-            by_reporters.setdefault(tuple(reporters), []).append(rank)
-        for reporters, ranks in by_reporters.items():
-            messages = "message" if len(reporters) == 1 else "messages"
-            reason = f"named by the timeout {messages} of {_ranks(reporters)}"
-            groups.append((sorted(ranks), reason))
-        return groups
-
-    def _on_hosts(self, ranks: Sequence[int]) -> str:
-        """' on host H' (or ' on hosts H1, H2') for a job on several hosts; '' on one host."""
-        if len(self.plan.hosts) < 2:
-            return ""
-        by_rank = {spec.rank: spec.host for spec in self.plan.ranks}
-        hosts = list(dict.fromkeys(by_rank[r] for r in ranks if r in by_rank))
-        return f" on host{'s' if len(hosts) > 1 else ''} {', '.join(hosts)}" if hosts else ""
-
-    def _stopped_details(self, run: _RankRun) -> str:
-        assert run.state is not None
-        letters = {"T": "stopped", "t": "stopped by a tracer"}
-        processes = ", ".join(
-            f"{pid} ({letters.get(str(state), state)})" for pid, state in run.state["stopped"]
-        )
-        return f"{self._where(run)} made no progress: stopped process(es) {processes}"
-
-    def _culprit(self, failure: _RankRun) -> _RankRun:
-        """The rank whose death `failure`'s PeerFailure names, where that rank failed on its own,
-        else `failure`: the exits of ranks on different hosts reach tnt-launch in any order, and a
-        survivor that saw the dead rank's connection close may be heard of first."""
-        named = failure.named_dead
-        if named is None:
-            return failure
-        dead = next((r for r in self.runs if r.spec.rank == named), None)
-        if dead is None or dead is failure or not dead.failed_on_its_own or dead.status is None:
-            return failure
-        return dead
+        return blame.describe_failure(run, self.stopping)
 
     def _summary(self) -> int:
         failure = self.first_failure
         if failure is not None:
-            failure = self._culprit(failure)
+            failure = blame.culprit(failure, self.runs)
             assert failure.status is not None
             code = failure.status.exit_code
             if failure.fatal_at is not None and failure.status.signal is not None:
                 code = 1  # it failed with an error; our SIGTERM only cut its teardown short
-            groups = self._no_progress()
+            groups = blame.no_progress(self.runs, self.plan.size)
             # A host that stopped answering explains everything after it: it leads.
             silent = [
                 f"host {host} stopped answering ({_ranks([r.spec.rank for r in self.silent if r.spec.host == host])})"
@@ -742,20 +655,20 @@ class Supervisor:
             ]
             if groups or silent:
                 # Lead with the ranks that held the others up: their failures follow from it.
-                blame = "; ".join(
+                held_up = "; ".join(
                     silent
                     + [
-                        f"{_ranks(ranks)}{self._on_hosts(ranks)} made no progress ({reason})"
+                        f"{_ranks(ranks)}{blame.on_hosts(self.plan, ranks)} made no progress ({reason})"
                         for ranks, reason in groups
                     ]
                 )
                 self._say(
-                    f"job {self.plan.job_id} failed: {blame}; rank {failure.spec.rank} "
+                    f"job {self.plan.job_id} failed: {held_up}; rank {failure.spec.rank} "
                     f"{self._describe_failure(failure)}"
                 )
                 for run in self.runs:
                     if run.state and run.state.get("stopped"):
-                        self._say(self._stopped_details(run))
+                        self._say(f"{self._where(run)} {blame.stopped_processes(run)}")
                 self._say(f"{self._where(failure)} {self._describe_failure(failure)}")
             else:
                 self._say(
