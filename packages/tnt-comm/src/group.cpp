@@ -90,6 +90,7 @@ const std::shared_ptr<const Members>& Group::members(Runtime& rt) {
   }
   m->host_aware = rt.allreduce_algorithm() != "flat" && host_aware_fits(*m);
   m->via_leaders = rt.allreduce_algorithm() != "flat" && leaders_fit(*m);
+  m->shared_arenas = std::all_of(ranks_.begin(), ranks_.end(), [&](int r) { return rt.fabric().arena_of(r) != nullptr; });
   members_ = std::move(m);
   return members_;
 }

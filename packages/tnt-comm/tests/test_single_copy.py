@@ -41,9 +41,8 @@ for dtype in DTYPES:
             # in place
             tc.allreduce(a, op=op, out=a)
             assert a.tobytes() == plain.tobytes(), (str(dtype), count, op, "in place")
-    # the reference: every rank's data, summed in rank order
-    xs = [np.random.default_rng(7 * q + COUNTS[-1]).standard_normal(COUNTS[-1]).astype(np.float64) for q in range(n)]
-    if dtype == "float64":
+    if dtype == "float64":  # the reference: every rank's data, summed in rank order
+        xs = [np.random.default_rng(7 * q + COUNTS[-1]).standard_normal(COUNTS[-1]) for q in range(n)]
         expect = xs[0]
         for q in range(1, n):
             expect = expect + xs[q]

@@ -19,8 +19,8 @@ struct Identity {
   std::string token;
   std::string transport = "auto";  // auto | shm | tcp
   std::string allreduce = "auto";  // auto | flat (TNT_ALLREDUCE): host-aware across hosts, or never
-  // auto | off (TNT_SINGLE_COPY): large allreduces on one host read peers' buffers in place
-  // (cross-memory attach) where the kernel allows it, or always copy through the shared segment.
+  // auto | off (TNT_SINGLE_COPY): ranks of a host share arenas, where large allreduces of buffers
+  // in them read and write the peers' buffers in place; or no arenas, always the message slots.
   std::string single_copy = "auto";
   double timeout_s = 300.0;  // TNT_TIMEOUT_S: how long a collective may go without progress
   // TNT_START_TIMEOUT_S: how long the start (every rank arriving, connecting, GPI-2 starting) may

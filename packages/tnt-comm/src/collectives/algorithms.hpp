@@ -36,8 +36,8 @@ std::shared_ptr<Operation> make_allreduce_direct(std::shared_ptr<const Members> 
 // From this many bytes on, members of one host that may read each other's memory take the
 // single-copy allreduce.
 constexpr std::size_t kSingleCopyBytes = 256 * 1024;
-// Whether the single-copy allreduce applies: every member on one host and readable (cross-memory
-// attach, probed at start; TNT_SINGLE_COPY), and a buffer of at least kSingleCopyBytes.
+// Whether the single-copy allreduce applies: every member on one host, all mapping each other's
+// shared arenas (Members::shared_arenas; TNT_SINGLE_COPY), and a buffer of at least kSingleCopyBytes.
 bool single_copy_fits(const Members& members, std::size_t bytes);
 // Each member reduces its region straight from the peers' inputs and the peers copy the result
 // straight from its output: every byte crosses between processes once (single_copy.cpp).

@@ -29,6 +29,7 @@ struct Members {
   std::vector<std::vector<int>> hosts;
   bool host_aware = false;  // allreduce uses the host-aware algorithm when it fits (TNT_ALLREDUCE)
   bool via_leaders = false;  // small allreduces go through one leader per host (TNT_ALLREDUCE)
+  bool shared_arenas = false;  // every member maps every other's arena: the single-copy path is open
   int size() const { return static_cast<int>(world_ranks.size()); }
   std::size_t payload_bytes() const { return fabric->payload_bytes(); }
 };

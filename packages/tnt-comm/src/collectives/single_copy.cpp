@@ -174,11 +174,7 @@ class SingleCopyAllreduce final : public Operation {
 }  // namespace
 
 bool single_copy_fits(const Members& members, std::size_t bytes) {
-  if (bytes < kSingleCopyBytes || members.size() < 2 || members.hosts.size() != 1) return false;
-  for (int r : members.world_ranks) {
-    if (members.fabric->arena_of(r) == nullptr) return false;
-  }
-  return true;
+  return bytes >= kSingleCopyBytes && members.size() >= 2 && members.hosts.size() == 1 && members.shared_arenas;
 }
 
 std::shared_ptr<Operation> make_allreduce_single_copy(std::shared_ptr<const Members> members, Descriptor desc,

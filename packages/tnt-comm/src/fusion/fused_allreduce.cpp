@@ -6,9 +6,8 @@
 namespace tnt {
 
 struct FusedAllreduce::BucketState {
-  std::shared_ptr<void> shared;   // the buffer, in the shared arena where the rank has one
-  std::vector<std::byte> own;     // or here
-  std::byte* buffer = nullptr;
+  std::shared_ptr<void> memory;  // the buffer: in the shared arena where the rank has one
+  std::byte* buffer = nullptr;   // memory.get()
   std::vector<bool> started;  // by position in the bucket
   std::size_t started_count = 0;
   std::size_t waited_count = 0;
@@ -31,13 +30,12 @@ FusedAllreduce::FusedAllreduce(Group& group, std::vector<TensorSpec> tensors,
     auto state = std::make_unique<BucketState>();
     const std::size_t bytes = buckets_[b].layout.count * dtype_size(buckets_[b].dtype);
     Runtime* rt = Runtime::get();
-    state->shared = rt != nullptr && bytes > 0 ? rt->allocate_shared(bytes) : nullptr;
-    if (state->shared) {
-      state->buffer = static_cast<std::byte*>(state->shared.get());
-    } else {
-      state->own.resize(bytes);
-      state->buffer = state->own.data();
+    state->memory = rt != nullptr && bytes > 0 ? rt->allocate_shared(bytes) : nullptr;
+    if (!state->memory) {
+      auto own = std::make_shared<std::vector<std::byte>>(bytes);
+      state->memory = std::shared_ptr<void>(own, own->data());  // owns the vector, points at its data
     }
+    state->buffer = static_cast<std::byte*>(state->memory.get());
     state->started.assign(buckets_[b].tensors.size(), false);
     state_.push_back(std::move(state));
     for (std::size_t t : buckets_[b].tensors) bucket_of_[t] = b;

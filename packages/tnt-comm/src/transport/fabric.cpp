@@ -24,8 +24,7 @@ constexpr int kSlots = 4;
 }  // namespace
 
 Fabric::Fabric(const Identity& identity)
-    : rank_(identity.rank), size_(identity.size), nodes_(static_cast<std::size_t>(identity.size), identity.node_rank),
-      arena_of_(1, nullptr) {
+    : rank_(identity.rank), size_(identity.size), nodes_(static_cast<std::size_t>(identity.size), identity.node_rank) {
   if (size_ != 1) throw InvalidArgument("a fabric of several ranks is built from their mesh");
   peers_.resize(1);
   segment_.layout.world = 1;
@@ -35,8 +34,7 @@ Fabric::Fabric(const Identity& identity)
 }
 
 Fabric::Fabric(const Identity& identity, Mesh mesh, Exchange& exchange, Deadline deadline)
-    : rank_(identity.rank), size_(identity.size), nodes_(mesh.nodes),
-      arena_of_(static_cast<std::size_t>(identity.size), nullptr) {
+    : rank_(identity.rank), size_(identity.size), nodes_(mesh.nodes) {
   peers_.resize(static_cast<std::size_t>(size_));
   if (::pipe2(wake_, O_CLOEXEC) != 0) throw Error("pipe failed");
   for (int r = 0; r < size_; ++r) {
@@ -161,12 +159,7 @@ void Fabric::set_up(const Identity& id, const Mesh& mesh, Exchange& exchange, De
   }
   memory_.unlink();
   if (arena_) arena_->unlink();
-  if (all_arenas) {
-    arena_of_[static_cast<std::size_t>(rank_)] = arena_->base();
-    for (int r = 0; r < size_; ++r) {
-      if (same_host[static_cast<std::size_t>(r)]) arena_of_[static_cast<std::size_t>(r)] = peers_[static_cast<std::size_t>(r)]->arena.data();
-    }
-  }
+  arenas_shared_ = all_arenas;
 }
 
 std::string Fabric::transport(int peer) const {

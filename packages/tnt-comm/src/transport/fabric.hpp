@@ -55,7 +55,10 @@ class Fabric {
   // Where a rank's arena is mapped here (our own for ourselves), or null. Non-null for every rank
   // of this host exactly when each of them set up an arena and mapped all the others', which every
   // rank of the host learns alike at start.
-  std::byte* arena_of(int rank) const { return arena_of_[static_cast<std::size_t>(rank)]; }
+  std::byte* arena_of(int rank) const {
+    if (!arenas_shared_) return nullptr;
+    return rank == rank_ ? arena_->base() : peers_[static_cast<std::size_t>(rank)]->arena.data();
+  }
   Doorbell doorbell() const { return segment_.doorbell(); }
   // Hands every write this rank posted to the network before a call completes (GPI-2 queues them
   // in its own thread; shm and tcp writes are already out when write_notify returns).
@@ -125,7 +128,7 @@ class Fabric {
   MappedMemory memory_;
   SegmentView segment_;
   std::shared_ptr<SharedArena> arena_;  // shared with the buffers allocated in it
-  std::vector<std::byte*> arena_of_;    // by world rank: see arena_of()
+  bool arenas_shared_ = false;          // every rank of this host mapped every other's arena
   std::unique_ptr<Gpi2Wire> gpi2_;  // GPI-2 between hosts, when TNT_TRANSPORT=gpi2
   std::vector<std::unique_ptr<Peer>> peers_;  // indexed by world rank; our own entry is empty
   std::thread receiver_;

@@ -19,10 +19,8 @@
 // pass over the gradients instead of three (scale, concatenate, split into copies).
 //
 // Built by tnt_keras/ops/_build.py against the installed TensorFlow; see there for the flags.
-#include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <cstring>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -207,12 +205,10 @@ std::int32_t OpCode(const std::string& op) {
   return -1;
 }
 
-// Hands `p`'s allreduce to the engine; a start that fails deletes p (the callback will not run and
-// nobody else knows it) and fails the kernel.
-void Submit(OpKernelContext* ctx, const tnt_comm_api_v2* api, Pending* p, const void* src, void* dst,
-            std::uint64_t count, std::int32_t dtype, std::int32_t op) {
-  // Group 0: the world, the group of every rank tnt-keras trains on.
-  if (api->allreduce_async(0, src, dst, count, dtype, op, &OnDone, p) == 0) return;
+// Completes a start: `started` is what the C ABI's start call returned for `p`. A start that
+// failed deletes p (the callback will not run and nobody else knows it) and fails the kernel.
+void Started(OpKernelContext* ctx, const tnt_comm_api_v2* api, Pending* p, int started) {
+  if (started == 0) return;
   const tnt_comm_error* error = api->last_error();
   delete p;
   ctx->CtxFailure(ErrorStatus("tnt_comm allreduce could not start: ", error->message, ErrorData(*error)));
@@ -248,8 +244,10 @@ class AllreduceStartOp : public OpKernel {
     p->input = input;
     p->output = *output;
     handle->scalar<std::int64_t>()() = reinterpret_cast<std::intptr_t>(p);
-    Submit(ctx, api, p, input.data(), output->data(), static_cast<std::uint64_t>(input.NumElements()),
-           dtype_, op_);
+    // Group 0: the world, the group of every rank tnt-keras trains on.
+    Started(ctx, api, p,
+            api->allreduce_async(0, input.data(), output->data(), static_cast<std::uint64_t>(input.NumElements()),
+                                 dtype_, op_, &OnDone, p));
   }
 
  private:
@@ -341,13 +339,9 @@ class FusedSumStartOp : public OpKernel {
     p->offsets.assign(offsets.begin(), offsets.end());
     p->shapes = std::move(shapes);
     handle->scalar<std::int64_t>()() = reinterpret_cast<std::intptr_t>(p);
-    // Group 0: the world. A start that fails deletes p (the callback will not run).
-    if (api->fused_allreduce_async(0, n, sources.data(), counts.data(), output->data(), dtype_, TNT_COMM_SUM,
-                                   scaled_ ? &scale : nullptr, &OnDone, p) != 0) {
-      const tnt_comm_error* error = api->last_error();
-      delete p;
-      ctx->CtxFailure(ErrorStatus("tnt_comm allreduce could not start: ", error->message, ErrorData(*error)));
-    }
+    Started(ctx, api, p,
+            api->fused_allreduce_async(0, n, sources.data(), counts.data(), output->data(), dtype_, TNT_COMM_SUM,
+                                       scaled_ ? &scale : nullptr, &OnDone, p));
   }
 
  private:
