@@ -176,6 +176,11 @@ class SharedEnv:
                     self.pip("--no-compile", f"{KERAS}[cpu,test]", "hatchling")
                 for proc in self.start_keras_install():
                     self.wait(proc)
+        elif part == "torch":
+            # Always pip, never uv: on our machines pip takes this exact version from a local file of
+            # the CPU build; uv (and pip asked for plain "torch") would fetch a CUDA build of several GB.
+            self.finish_ahead("keras requirements")
+            self.run("python", "-m", "pip", "install", "-q", "--no-compile", TORCH)
         elif part == "example":
             # scikit-learn (the example's data) goes to a folder of its own, put on PYTHONPATH only
             # where the example runs: Keras imports scikit-learn and SciPy at start when they are
@@ -240,6 +245,8 @@ class SharedEnv:
 
 
 UV = "uv>=0.5"  # nox's installer for the shared environment (SharedEnv.installer)
+# The torch the keras session tests tnt-keras' torch backend with (SharedEnv.need("torch")).
+TORCH = "torch==2.13.0"
 
 
 def use_pip() -> bool:
@@ -425,7 +432,7 @@ def launch(session: nox.Session) -> None:
 @nox.session(venv_backend="none")
 def keras(session: nox.Session) -> None:
     """tnt-keras's tests: real ranks under tnt-launch against serial Keras, callbacks, saving, errors."""
-    env = SharedEnv(session, "keras", "test")
+    env = SharedEnv(session, "keras", "torch", "test")
     # By file: test_ops builds the op once per module, and test_training's jobs share the serial
     # references. Bound by TensorFlow's CPU time in every rank, the ranks still leave a core idle at
     # times: on 2 cores, 287 s with two workers against 340 s with one (2026-11-24).

@@ -1,6 +1,7 @@
 """Train a small CNN on scikit-learn's 8x8 digits with tnt, data-parallel. Run with:
 
 tnt-launch -n 2 -- examples/keras_digits.py
+KERAS_BACKEND=torch tnt-launch -n 2 -- examples/keras_digits.py     # on Keras' torch backend
 
 or as one rank with `python examples/keras_digits.py`. Every rank trains on its slice of each global
 batch of 64 and the gradients are summed, so the printed numbers match a one-rank run up to
@@ -9,7 +10,6 @@ floating-point rounding.
 
 import keras
 import numpy as np
-import tensorflow as tf
 import tnt_keras as tnt
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
@@ -17,8 +17,8 @@ from sklearn.model_selection import train_test_split
 BATCH_SIZE = 64  # the GLOBAL batch size, shared by all ranks
 SEED = 42
 
-# The same seed on every rank: TensorFlow derives the shuffle order from it too. (The initial weights
-# need no care: every rank takes rank 0's when fit starts.)
+# The same seed on every rank. (The initial weights need no care: every rank takes rank 0's when fit
+# starts, and tnt shuffles the arrays alike on every rank.)
 keras.utils.set_random_seed(SEED)
 
 # 1797 images of 8x8 pixels with values 0..16, labels 0..9.
@@ -28,12 +28,6 @@ y = y.astype("int32")
 x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.2, random_state=SEED, stratify=y)
 x_train, x_val, y_train, y_val = train_test_split(x_train, y_train, test_size=0.1, random_state=SEED)
 
-# Batch with the global batch size; tnt hands every rank its slice. Seed the shuffle so that all
-# ranks draw the same order.
-train = tf.data.Dataset.from_tensor_slices((x_train, y_train))
-train = train.shuffle(len(x_train), seed=SEED).batch(BATCH_SIZE).prefetch(tf.data.AUTOTUNE)
-val = tf.data.Dataset.from_tensor_slices((x_val, y_val)).batch(BATCH_SIZE)
-test = tf.data.Dataset.from_tensor_slices((x_test, y_test)).batch(BATCH_SIZE)
 
 keras_model = keras.Sequential(
     [
@@ -61,9 +55,18 @@ callbacks = [
     keras.callbacks.EarlyStopping(monitor="val_loss", patience=3, restore_best_weights=True),
     keras.callbacks.ReduceLROnPlateau(monitor="val_loss", factor=0.5, patience=2),
 ]
-history = model.fit(train, validation_data=val, epochs=20, callbacks=callbacks, verbose=2)
+# batch_size is the global batch size; tnt hands every rank its slice of each batch.
+history = model.fit(
+    x_train,
+    y_train,
+    batch_size=BATCH_SIZE,
+    validation_data=(x_val, y_val),
+    epochs=20,
+    callbacks=callbacks,
+    verbose=2,
+)
 
-loss, accuracy = model.evaluate(test, verbose=0)
+loss, accuracy = model.evaluate(x_test, y_test, batch_size=BATCH_SIZE, verbose=0)
 
 # predict returns the predictions for all samples, in order, on every rank.
 probabilities = model.predict(x_test[:8], batch_size=8, verbose=0)

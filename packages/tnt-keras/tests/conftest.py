@@ -50,3 +50,17 @@ def tf() -> ModuleType:
     import tensorflow
 
     return tensorflow
+
+
+BACKENDS = ("tensorflow", "torch")
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """The Keras backend a test's ranks run on (KERAS_BACKEND): the tests that take it run on each.
+    torch's tests skip where torch is missing (nox installs it: noxfile.py, TORCH)."""
+    import importlib.util
+
+    if importlib.util.find_spec(request.param) is None:
+        pytest.skip(f"{request.param} is not installed (pip install torch==2.13.0, or nox's keras session)")
+    return request.param

@@ -44,9 +44,11 @@ def run(
     env: dict[str, str] | None = None,
     check: bool = True,
     launcher_args: tuple[str, ...] = (),
+    backend: str | None = None,
 ) -> Result:
     """Starts ``jobs/<job>.py`` on ``ranks`` ranks (``launcher_args`` go to tnt-launch); every rank
-    writes ``rank<r>.json`` to TNT_TEST_OUT."""
+    writes ``rank<r>.json`` to TNT_TEST_OUT. ``backend`` sets KERAS_BACKEND (the environment's own, else
+    TensorFlow, where not given)."""
     out_dir = Path(tempfile.mkdtemp(prefix=f"tnt-keras-{job}-"))
     # Tests read the folder after the job (reports, files the job wrote); it goes when pytest exits.
     atexit.register(shutil.rmtree, out_dir, ignore_errors=True)
@@ -65,6 +67,12 @@ def run(
         }
     )
     full_env.update(env or {})
+    if backend is not None:
+        full_env["KERAS_BACKEND"] = backend
+    # Serial references differ between backends: each backend's jobs share their own.
+    backend = full_env.get("KERAS_BACKEND", "tensorflow")
+    full_env["TNT_TEST_CACHE"] = os.path.join(REFERENCE_CACHE, backend)
+    os.makedirs(full_env["TNT_TEST_CACHE"], exist_ok=True)
     cmd = [*tnt_launch(), "-n", str(ranks), "--no-gpu", *launcher_args, "--", str(JOBS / f"{job}.py"), *args]
     proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout, check=False)
     output = proc.stdout + proc.stderr

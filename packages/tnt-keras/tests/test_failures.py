@@ -9,10 +9,10 @@ from launch import run
 
 
 @pytest.mark.timeout(150)
-def test_killed_rank_stops_training_job() -> None:
+def test_killed_rank_stops_training_job(backend: str) -> None:
     before = set(os.listdir("/dev/shm"))
     start = time.monotonic()
-    result = run("crash_job", 3, timeout=140, check=False, env={"TNT_TIMEOUT_S": "30"})
+    result = run("crash_job", 3, timeout=140, check=False, env={"TNT_TIMEOUT_S": "30"}, backend=backend)
     assert result.returncode != 0
     assert "rank 1" in result.output and "signal" in result.output.lower(), result.output[-3000:]
     assert time.monotonic() - start < 120
@@ -25,9 +25,9 @@ def test_killed_rank_stops_training_job() -> None:
 
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("case", ["model", "steps"])
-def test_ranks_that_disagree_get_a_clear_error(case: str) -> None:
+def test_ranks_that_disagree_get_a_clear_error(case: str, backend: str) -> None:
     start = time.monotonic()
-    result = run("mismatch_job", 2, case, timeout=140, check=False, env={"TNT_TIMEOUT_S": "30"})
+    result = run("mismatch_job", 2, case, timeout=140, check=False, env={"TNT_TIMEOUT_S": "30"}, backend=backend)
     assert result.returncode != 0
     errors = [r.get("error") or "" for r in result.ranks]
     assert all(errors), (errors, result.output[-3000:])  # every rank raised: nobody hangs or goes on
@@ -38,7 +38,7 @@ def test_ranks_that_disagree_get_a_clear_error(case: str) -> None:
     else:
         explained = [e for e in errors if "fell out of step in fit" in e and "tnt_distribute_dataset=False" in e]
         assert explained, errors
-        # The type is tnt_comm's (TensorFlow's error is its cause), with its data: the other rank
+        # The type is tnt_comm's (on TensorFlow, TensorFlow's error is its cause), with its data: the other rank
         # to blame, and both sides' calls.
         assert any(e.startswith("tnt_comm._core.CollectiveMismatch:") for e in explained), explained
         for rank, data in enumerate(result.ranks):
@@ -50,13 +50,15 @@ def test_ranks_that_disagree_get_a_clear_error(case: str) -> None:
 
 
 @pytest.mark.timeout(150)
-def test_a_rank_that_leaves_mid_fit_raises_peer_failure_on_the_others() -> None:
+def test_a_rank_that_leaves_mid_fit_raises_peer_failure_on_the_others(backend: str) -> None:
     """Inside fit, the failure surfaces as tnt_comm.PeerFailure naming the rank, not as TensorFlow's
-    InternalError; TensorFlow's error is kept as the cause."""
-    result = run("mismatch_job", 2, "leave", timeout=140, check=False, env={"TNT_TIMEOUT_S": "30"})
+    InternalError; the error it replaces is kept as the cause (TensorFlow's, or on torch tnt-comm's
+    own, raised in the step)."""
+    result = run("mismatch_job", 2, "leave", timeout=140, check=False, env={"TNT_TIMEOUT_S": "30"}, backend=backend)
     error = result.ranks[0].get("error") or ""
     expected = "tnt_comm._core.PeerFailure: tnt: fit stopped: rank 1 failed"
     assert error.startswith(expected), (error, result.output[-3000:])
-    assert "(cause: " in error and "Error)" in error and "cause: NoneType" not in error, error
+    cause = "Error)" if backend == "tensorflow" else "(cause: PeerFailure)"
+    assert "(cause: " in error and cause in error and "cause: NoneType" not in error, error
     # ... and as data: e.ranks names the rank that left, as tnt_comm's own calls do.
     assert result.ranks[0]["fields"]["ranks"] == [1], result.ranks[0]["fields"]

@@ -5,8 +5,8 @@ from launch import run
 
 
 @pytest.mark.timeout(360)
-def test_save_load_round_trips() -> None:
-    result = run("saving_job", 2, timeout=340)
+def test_save_load_round_trips(backend: str) -> None:
+    result = run("saving_job", 2, timeout=340, backend=backend)
     r0, r1 = result.ranks
     for r in (r0, r1):
         for kind in ("functional", "sequential", "subclassed", "custom_step"):
@@ -22,13 +22,14 @@ def test_save_load_round_trips() -> None:
         assert r["mixed_optimizer"] == "LossScaleOptimizer"
         assert r["mixed_err"] < 1e-2, r["mixed_err"]
     assert r0["mixed_weights"] == r1["mixed_weights"]
-    assert r0["exported"]
+    if backend == "tensorflow":  # see saving_job.py: Keras' export on torch fails alone, too
+        assert r0["exported"]
     assert not [f for f in r0["files"] if "tnt-tmp" in f]
 
 
 @pytest.mark.timeout(240)
-def test_weights_names_shards_and_overwrite() -> None:
-    result = run("saving_files_job", 2, timeout=220)
+def test_weights_names_shards_and_overwrite(backend: str) -> None:
+    result = run("saving_files_job", 2, timeout=220, backend=backend)
     r0, r1 = result.ranks
     for rank, r in enumerate(result.ranks):
         # Refused before anything is written, on every rank, naming the fix and not our temporary file.

@@ -6,10 +6,27 @@ from launch import Result, run
 TOL = 1e-6
 
 
+def predict_tol(scale: float) -> float:
+    """Predictions are outputs, not weights: a rank computes its rows in a smaller matrix product than
+    serial Keras, which the CPU's kernels may sum in another order (torch's do), so they can differ
+    by a few float32 roundings of the outputs' size. TOL is 8 ulps of 1 (1e-6 / 2**-23): the same
+    relative to the largest output."""
+    return TOL * max(1.0, scale)
+
+
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("ranks", [1, 2, 3])
 def test_training_equals_serial(ranks: int) -> None:
     check_equal_training(run("train_equal", ranks, timeout=400), ranks)
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_training_on_torch_equals_serial(ranks: int) -> None:
+    """The same scenarios on Keras' torch backend, against serial Keras-torch: gradients summed by
+    autograd hooks as backward produces them, the inputs sliced before Keras sees them."""
+    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0; nox installs it)")
+    check_equal_training(run("train_equal", ranks, timeout=400, backend="torch"), ranks)
 
 
 @pytest.mark.timeout(300)
@@ -42,7 +59,8 @@ def check_equal_training(result: Result, ranks: int) -> None:
             assert s["weights_err"] < TOL, (rank, name, s["weights_err"])
             assert s["history_err"] < TOL, (rank, name, s["history_err"])
             assert s["eval_err"] < TOL, (rank, name, s["eval_err"])
-            assert s["predict_err"] < TOL, (rank, name, s["predict_err"])
+            bound = predict_tol(s["predict_scale"])
+            assert s["predict_err"] < bound, (rank, name, s["predict_err"], s["predict_scale"])
             assert s["predict_rows"] == int(name.split("-")[2])
             # every rank ends with exactly the same weights
             assert s["weights"] == first[name]["weights"], (rank, name)
@@ -53,7 +71,8 @@ def check_batchnorm(bn: dict, rank: int, ranks: int) -> None:
     """A BatchNormalization model whose last batch of 1 sample leaves ranks 1.. an empty slice."""
     assert bn["steps"] == 3 * 4 and bn["moving_finite"]
     assert bn["history_err"] < TOL and bn["trainable_err"] < TOL
-    assert bn["eval_err"] < TOL and bn["predict_err"] < TOL and bn["predict_rows"] == 4 * 3 * ranks + 1
+    assert bn["eval_err"] < TOL and bn["predict_err"] < predict_tol(bn["predict_scale"])
+    assert bn["predict_rows"] == 4 * 3 * ranks + 1
     if rank == 0:  # its slices have the moments serial Keras normalises over, the last batch's included
         assert bn["moving_err"] < TOL
         assert bn["last_batch_changed"] == [True] * 3

@@ -68,8 +68,9 @@ class Launcher:
 def launcher(tmp_path: Path) -> Launcher:
     env = dict(os.environ)
     env["TNT_LAUNCH_REGISTRY"] = str(tmp_path / "registry")
-    for name in ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS",
-                 "TNT_SSH_OPTS", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
+    for name in ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                 "TF_NUM_INTRAOP_THREADS", "TF_FORCE_GPU_ALLOW_GROWTH", "TNT_SSH_OPTS",
+                 "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
         env.pop(name, None)
     work = tmp_path / "work"
     work.mkdir()

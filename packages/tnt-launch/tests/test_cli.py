@@ -39,6 +39,12 @@ def test_options_of_the_reference_cli() -> None:
         assert parse_args([alias, "3", "--", "t.py"], {}).n_per_node == 3
 
 
+def test_ranks_per_gpu() -> None:
+    assert parse_args(["--", "t.py"], {}).ranks_per_gpu == 1
+    assert parse_args(["-n", "2", "--ranks-per-gpu", "2", "--", "t.py"], {}).ranks_per_gpu == 2
+    assert parse_args(["--ranks-per-gpu=3", "--", "t.py"], {}).ranks_per_gpu == 3
+
+
 def test_exports_keep_order_spaces_and_equals() -> None:
     config = parse_args(
         ["-x", "DATASET=/scratch/data", "TF_CPP_MIN_LOG_LEVEL=1", "-x", "MSG=a b=c ", "-x", "HOME",
@@ -90,6 +96,15 @@ def test_huge_and_infinite_timeouts_mean_wait_forever(text: str, seconds: float)
         (["-n", "2", "t.py"], "unexpected argument 't.py': put the script after '--'"),
         (["-n", "0", "--", "t.py"], "argument -n: expected a positive whole number, got '0'"),
         (["--fusion-threshold", "-1", "--", "t.py"], "argument --fusion-threshold: expected"),
+        (["--ranks-per-gpu", "0", "--", "t.py"],
+         ("argument --ranks-per-gpu: expected a positive whole number of ranks that share one GPU, "
+          "got '0' (1, the default, gives every rank a GPU of its own; --no-gpu runs on CPUs)")),
+        (["--ranks-per-gpu", "-2", "--", "t.py"], "argument --ranks-per-gpu: expected a positive"),
+        (["--ranks-per-gpu", "1.5", "--", "t.py"], "argument --ranks-per-gpu: expected a positive"),
+        (["--ranks-per-gpu", "two", "--", "t.py"], "argument --ranks-per-gpu: expected a positive"),
+        (["--ranks-per-gpu", "--", "t.py"], "argument --ranks-per-gpu: expected one argument"),
+        (["--no-gpu", "--ranks-per-gpu", "2", "--", "t.py"],
+         "--ranks-per-gpu and --no-gpu cannot be combined: --no-gpu runs every rank on CPUs"),
         (["--timeout", "0", "--", "t.py"], "argument --timeout: expected a positive number"),
         (["--timeout", "nan", "--", "t.py"], "argument --timeout: expected a positive number"),
         (["--timeout", "-5", "--", "t.py"], "argument --timeout: expected a positive number"),
@@ -135,7 +150,7 @@ def test_help_groups_and_version(launcher: Launcher) -> None:
               "logging and output:", "runtime settings:", "job control:"]
     assert [text.index(g) for g in groups] == sorted(text.index(g) for g in groups)
     for option in ("-n N", "--hostfile FILE", "--n-per-node N, --devices-per-node N, --npernode N",
-                   "--no-gpu", "--pin-to-socket", "--pin-memory-to-socket", "--log-level",
+                   "--no-gpu", "--ranks-per-gpu K", "--pin-to-socket", "--pin-memory-to-socket", "--log-level",
                    "--log-on-all-devices", "--output-on-all-devices", "--output-dir DIR",
                    "--fusion-threshold KB", "--transport", "--timeout SECONDS", "--start-timeout SECONDS", "-x KEY=VALUE",
                    "--python-interpreter COMMAND", "--dry-run", "--cleanup", "--force",

@@ -53,7 +53,9 @@ def test_every_rank_receives_the_contract(launcher: Launcher, reports: Path, siz
             assert env[name] == "false"
         assert "TNT_TIMEOUT_S" not in env and "TNT_FUSION_THRESHOLD_KB" not in env
         assert env["CUDA_VISIBLE_DEVICES"] == ""
-        assert env["OMP_NUM_THREADS"] == env["TF_NUM_INTRAOP_THREADS"] == str(max(1, cpus // size))
+        share = str(max(1, cpus // size))
+        assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == env["TF_NUM_INTRAOP_THREADS"] == share
+        assert "TF_FORCE_GPU_ALLOW_GROWTH" not in env
         # Ranks on this host inherit tnt-launch's whole environment.
         assert env["TNT_LAUNCH_REGISTRY"] == launcher.env["TNT_LAUNCH_REGISTRY"]
     assert_job_gone(first["TNT_JOB_ID"], [r["pid"] for r in got])
@@ -84,6 +86,8 @@ def test_options_and_exports_reach_every_rank(launcher: Launcher, reports: Path)
         assert env["AWKWARD"] == awkward
         assert env["KEEP"] == "kept value"
         assert env["OMP_NUM_THREADS"] == "7" and env["TF_NUM_INTRAOP_THREADS"] == "5"
+        # MKL and PyTorch fall back on the user's OMP_NUM_THREADS, so MKL_NUM_THREADS stays unset.
+        assert "MKL_NUM_THREADS" not in env
 
 
 @pytest.mark.timeout(60)
@@ -237,6 +241,30 @@ def test_gpus_from_cuda_visible_devices(launcher: Launcher, reports: Path) -> No
     assert done.returncode == 0, done.stderr
     assert "warning" not in done.stderr
     assert [r["env"]["CUDA_VISIBLE_DEVICES"] for r in read_reports(reports, 2)] == ["3", "5"]
+
+
+@pytest.mark.timeout(60)
+def test_ranks_share_gpus(launcher: Launcher, reports: Path) -> None:
+    # Two GPUs, two ranks on each: without -n the host runs K ranks per GPU.
+    launcher.env["CUDA_VISIBLE_DEVICES"] = "3,5"
+    done = launcher.run(["--ranks-per-gpu", "2", "--", RANK, str(reports)])
+    assert done.returncode == 0, done.stderr
+    assert "warning" not in done.stderr
+    got = [r["env"] for r in read_reports(reports, 4)]
+    assert [env["CUDA_VISIBLE_DEVICES"] for env in got] == ["3", "3", "5", "5"]
+    assert {env["TF_FORCE_GPU_ALLOW_GROWTH"] for env in got} == {"true"}
+
+    # One GPU, two ranks: the dry run shows the GPU of each rank.
+    launcher.env["CUDA_VISIBLE_DEVICES"] = "7"
+    done = launcher.run(["-n", "2", "--ranks-per-gpu", "2", "--dry-run", "--", "t.py"])
+    assert done.returncode == 0, done.stderr
+    ranks = [line for line in done.stdout.splitlines() if line.startswith("rank ")]
+    assert [line.split(" cmd: ")[0] for line in ranks] == [
+        "rank 0 host localhost local_rank 0/2 device GPU 7 pinning -",
+        "rank 1 host localhost local_rank 1/2 device GPU 7 pinning -",
+    ]
+    lines = done.stdout.splitlines()
+    assert "CUDA_VISIBLE_DEVICES=7" in lines and "TF_FORCE_GPU_ALLOW_GROWTH=true" in lines
 
 
 @pytest.mark.timeout(60)

@@ -76,6 +76,7 @@ def test_local_cpu_job_gets_the_whole_contract() -> None:
             "TNT_TENSORBOARD_ON_ALL_DEVICES": "false",
             "CUDA_VISIBLE_DEVICES": "",
             "OMP_NUM_THREADS": "2",
+            "MKL_NUM_THREADS": "2",
             "TF_NUM_INTRAOP_THREADS": "2",
             "PYTHONUNBUFFERED": "1",
             "TF_CPP_MIN_LOG_LEVEL": "2",
@@ -118,7 +119,8 @@ def test_more_ranks_than_gpus_runs_on_cpus_with_a_warning() -> None:
     assert plan.warnings == (
         (
             "running all ranks on CPUs: localhost has 2 GPU(s) for 3 rank(s) "
-            "(--no-gpu runs on CPUs without this warning)"
+            "(--ranks-per-gpu 2 lets 2 ranks share each GPU; "
+            "--no-gpu runs on CPUs without this warning)"
         ),
     )
 
@@ -141,6 +143,93 @@ def test_one_host_short_of_gpus_moves_the_whole_job_to_cpus() -> None:
     assert "b has 1 GPU(s) for 2 rank(s)" in plan.warnings[0]
 
 
+def test_ranks_share_gpus() -> None:
+    # A one-GPU machine runs two ranks on its GPU.
+    plan = plan_for(cfg(nprocs=2, ranks_per_gpu=2), LOCAL, facts(gpus=1, cpus=8))
+    assert plan.warnings == () and plan.notes == ()
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in plan.ranks] == ["0", "0"]
+    assert [s.device for s in plan.ranks] == ["GPU 0", "GPU 0"]
+    assert [s.env["TF_FORCE_GPU_ALLOW_GROWTH"] for s in plan.ranks] == ["true", "true"]
+    assert plan.ranks[0].env["OMP_NUM_THREADS"] == "4"  # threads are shared by ranks, not GPUs
+
+    # Local rank i gets GPU i // K; the last GPU may run fewer ranks.
+    host = HostFacts(gpus=("GPU-aa", "GPU-bb"), cpus=6)
+    plan = build_plan(cfg(nprocs=3, ranks_per_gpu=2), LOCAL, {"localhost": host}, ID, {})
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in plan.ranks] == ["GPU-aa", "GPU-aa", "GPU-bb"]
+    plan = plan_for(cfg(nprocs=4, ranks_per_gpu=3), LOCAL, facts(gpus=2))
+    assert [s.gpu for s in plan.ranks] == ["0", "0", "0", "1"]
+
+    # Without -n, --n-per-node or slots, a host runs K ranks per GPU.
+    plan = plan_for(cfg(ranks_per_gpu=2), LOCAL, facts(gpus=2))
+    assert [(s.local_rank, s.local_size, s.gpu) for s in plan.ranks] == [
+        (0, 4, "0"), (1, 4, "0"), (2, 4, "1"), (3, 4, "1")
+    ]
+    plan = plan_for(cfg(ranks_per_gpu=2), TWO, facts(gpus=1))
+    assert [(s.host, s.local_rank, s.gpu) for s in plan.ranks] == [
+        ("node1", 0, "0"), ("node1", 1, "0"), ("node2", 0, "0"), ("node2", 1, "0")
+    ]
+    assert [s.env["TNT_RANK"] for s in plan.ranks] == ["0", "1", "2", "3"]
+
+    # More GPUs than needed: the first ones are used.
+    plan = plan_for(cfg(nprocs=2, ranks_per_gpu=2), LOCAL, facts(gpus=4))
+    assert [s.gpu for s in plan.ranks] == ["0", "0"]
+
+    # K = 1 is today's behaviour, and sets nothing more.
+    plan = plan_for(cfg(nprocs=2, ranks_per_gpu=1), LOCAL, facts(gpus=2))
+    assert [s.gpu for s in plan.ranks] == ["0", "1"]
+    assert "TF_FORCE_GPU_ALLOW_GROWTH" not in plan.ranks[0].env
+
+
+def test_shared_gpus_keep_the_users_memory_growth_setting() -> None:
+    config = cfg(nprocs=2, ranks_per_gpu=2)
+    mine = plan_for(config, LOCAL, facts(gpus=1), {"TF_FORCE_GPU_ALLOW_GROWTH": "false"})
+    assert "TF_FORCE_GPU_ALLOW_GROWTH" not in mine.ranks[0].env  # inherited as it is
+    config = cfg(nprocs=2, ranks_per_gpu=2, exports=(("TF_FORCE_GPU_ALLOW_GROWTH", "false"),))
+    assert plan_for(config, LOCAL, facts(gpus=1)).ranks[1].env["TF_FORCE_GPU_ALLOW_GROWTH"] == "false"
+
+
+def test_too_few_gpus_to_share_runs_on_cpus_with_a_warning() -> None:
+    plan = plan_for(cfg(nprocs=3, ranks_per_gpu=2), LOCAL, facts(gpus=1))
+    assert [s.device for s in plan.ranks] == ["CPU"] * 3
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in plan.ranks] == ["", "", ""]
+    assert "TF_FORCE_GPU_ALLOW_GROWTH" not in plan.ranks[0].env
+    assert plan.warnings == (
+        (
+            "running all ranks on CPUs: localhost has 1 GPU(s) for 3 rank(s) at 2 per GPU "
+            "(--ranks-per-gpu 3 lets 3 ranks share each GPU; "
+            "--no-gpu runs on CPUs without this warning)"
+        ),
+    )
+    # The hint names the K that fits every host short of GPUs.
+    hosts = [Host("a"), Host("b"), Host("c")]
+    host_facts = {"a": facts(gpus=4), "b": facts(gpus=2), "c": facts(gpus=1)}
+    plan = build_plan(cfg(n_per_node=4), hosts, host_facts, ID, {})
+    assert plan.warnings[0].startswith(
+        "running all ranks on CPUs: b has 2 GPU(s) for 4 rank(s); c has 1 GPU(s) for 4 rank(s) "
+        "(--ranks-per-gpu 4 lets 4 ranks share each GPU;"
+    )
+    # No hint where sharing cannot help: a host without GPUs.
+    host_facts["c"] = facts()
+    plan = build_plan(cfg(n_per_node=4, ranks_per_gpu=2), hosts, host_facts, ID, {})
+    assert plan.warnings == (
+        "running all ranks on CPUs: no GPUs found on c (--no-gpu runs on CPUs without this warning)",
+    )
+    # No host with a GPU: a note, as without --ranks-per-gpu.
+    plan = plan_for(cfg(nprocs=2, ranks_per_gpu=2), LOCAL, facts())
+    assert plan.warnings == ()
+    assert plan.notes == ("running all ranks on CPUs: no GPUs found on localhost",)
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, "2", 1.5])
+def test_ranks_per_gpu_must_be_a_positive_whole_number(bad: object) -> None:
+    with pytest.raises(PlanError) as error:
+        plan_for(cfg(nprocs=2, ranks_per_gpu=bad), LOCAL, facts(gpus=1))
+    assert str(error.value) == (
+        f"--ranks-per-gpu {bad!r}: expected a positive whole number of ranks that share one GPU "
+        "(1, the default, gives every rank a GPU of its own)"
+    )
+
+
 def test_hosts_slots_and_n_per_node() -> None:
     hosts = [Host("a", slots=3), Host("b"), Host("c", slots=1)]
     plan = plan_for(cfg(no_gpu=True), hosts, facts(cpus=6))
@@ -160,6 +249,53 @@ def test_hosts_slots_and_n_per_node() -> None:
         ("a", 0), ("a", 1), ("b", 0), ("b", 1), ("c", 0), ("c", 1)
     ]
     assert [s.env["CUDA_VISIBLE_DEVICES"] for s in plan.ranks] == ["0", "1"] * 3
+
+
+CARRIED = {
+    "KERAS_BACKEND": "torch",
+    "KERAS_HOME": "/scratch/keras",
+    "TORCH_HOME": "/scratch/torch",
+    "TORCHINDUCTOR_CACHE_DIR": "/tmp/inductor",
+    "TORCHDYNAMO_VERBOSE": "1",
+    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+    "CUDA_HOME": "/usr/local/cuda",
+    "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+    "CUDA_LAUNCH_BLOCKING": "1",
+    "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
+    "CUDNN_LOGINFO_DBG": "1",
+    "MKL_NUM_THREADS": "3",
+    "TF_FORCE_GPU_ALLOW_GROWTH": "true",
+    "XLA_FLAGS": "--xla_gpu_autotune_level=0",
+}
+
+
+def test_remote_ranks_carry_keras_torch_and_cuda_settings() -> None:
+    environ = {
+        **CARRIED,
+        "CUDA_VISIBLE_DEVICES": "4,5",
+        "CUDAHOSTCXX": "g++",
+        "TORCHVISION_X": "y",
+        "HOME": "/home/me",
+    }
+    hosts = [Host("127.0.0.1", local=True), Host("127.0.0.2")]
+    facts_ = {h.name: HostFacts(gpus=("4", "5"), cpus=4) for h in hosts}
+    plan = build_plan(cfg(n_per_node=1), hosts, facts_, ID, environ)
+    local, remote = plan.ranks
+    for name, value in CARRIED.items():
+        assert remote.env[name] == value, name
+        assert name not in local.env, name  # inherited from tnt-launch's environment as it is
+    for name in ("CUDAHOSTCXX", "TORCHVISION_X", "HOME"):
+        assert name not in remote.env
+    # CUDA_VISIBLE_DEVICES is the rank's own GPU, never tnt-launch's list.
+    assert (local.env["CUDA_VISIBLE_DEVICES"], remote.env["CUDA_VISIBLE_DEVICES"]) == ("4", "4")
+    # The user's MKL_NUM_THREADS is kept; the other thread variables are set.
+    assert remote.env["OMP_NUM_THREADS"] == local.env["OMP_NUM_THREADS"] == "4"
+    # In the dry run, the carried variables are marked as such.
+    rows = dict(environment_rows(plan))
+    assert rows["KERAS_BACKEND"] == "torch  [ranks on other hosts; ranks on this host inherit it]"
+    assert "KERAS_BACKEND=torch  [ranks on other hosts; ranks on this host inherit it]" in (
+        environment_lines(plan)
+    )
 
 
 def test_remote_ranks_carry_the_environment_and_local_ranks_inherit_it() -> None:
@@ -278,6 +414,29 @@ def test_user_thread_counts_are_kept() -> None:
     config = cfg(nprocs=2, no_gpu=True, exports=(("TF_NUM_INTRAOP_THREADS", "1"),))
     env = plan_for(config, LOCAL, facts()).ranks[0].env
     assert env["TF_NUM_INTRAOP_THREADS"] == "1" and env["OMP_NUM_THREADS"] == "4"
+
+
+def test_thread_variables_reach_torch_too() -> None:
+    # PyTorch sizes its intra-op pool from MKL_NUM_THREADS, else OMP_NUM_THREADS: both are set.
+    env = plan_for(cfg(nprocs=4, no_gpu=True), LOCAL, facts(cpus=16)).ranks[0].env
+    assert [env[name] for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TF_NUM_INTRAOP_THREADS")] == [
+        "4", "4", "4"
+    ]
+    # The user's MKL_NUM_THREADS is kept (torch takes it over OMP_NUM_THREADS).
+    env = plan_for(cfg(nprocs=4, no_gpu=True), LOCAL, facts(cpus=16), {"MKL_NUM_THREADS": "2"}).ranks[0].env
+    assert "MKL_NUM_THREADS" not in env and env["OMP_NUM_THREADS"] == "4"
+    # The user's OMP_NUM_THREADS, in tnt-launch's environment or with -x, is what MKL and torch
+    # fall back on: tnt-launch sets no MKL_NUM_THREADS that would override it.
+    env = plan_for(cfg(nprocs=4, no_gpu=True), LOCAL, facts(cpus=16), {"OMP_NUM_THREADS": "1"}).ranks[0].env
+    assert "OMP_NUM_THREADS" not in env and "MKL_NUM_THREADS" not in env
+    assert env["TF_NUM_INTRAOP_THREADS"] == "4"
+    config = cfg(nprocs=4, no_gpu=True, exports=(("OMP_NUM_THREADS", "2"),))
+    env = plan_for(config, LOCAL, facts(cpus=16)).ranks[0].env
+    assert env["OMP_NUM_THREADS"] == "2" and "MKL_NUM_THREADS" not in env
+    # With pinning, the NUMA node's CPUs.
+    config = cfg(n_per_node=2, pin_to_socket=True, no_gpu=True)
+    env = plan_for(config, TWO, facts(cpus=16, numa=2)).ranks[1].env
+    assert env["MKL_NUM_THREADS"] == env["OMP_NUM_THREADS"] == "8"
 
 
 def test_threads_are_at_least_one() -> None:

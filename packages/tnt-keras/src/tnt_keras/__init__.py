@@ -19,8 +19,7 @@ from .runtime import setup_logging
 
 setup_logging()  # first, so that building the TF op logs in tnt's format and only on the master rank
 
-from . import callbacks, models  # noqa: E402
-from .data import install_shuffle_seed  # noqa: E402
+from . import backends, callbacks, models  # noqa: E402
 from .model import Model  # noqa: E402
 from .runtime import get_local_rank, get_master_rank, get_rank, get_size, is_master_rank  # noqa: E402
 
@@ -38,4 +37,7 @@ __all__ = [
 __version__ = "0.1.0"
 
 tnt_comm.init()
-install_shuffle_seed()
+if backends.current().__name__.endswith(".tensorflow"):
+    from .data import install_shuffle_seed
+
+    install_shuffle_seed()

@@ -17,9 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from .runtime import logger
-
-# Seed given to Dataset.shuffle calls without one, so that every rank draws the same order.
-DEFAULT_SHUFFLE_SEED = 4242
+from .slicing import DEFAULT_SHUFFLE_SEED, too_small
 
 # Transformations that keep the batch structure of their input; we look through them for a batch.
 _ELEMENTWISE = (
@@ -148,14 +146,6 @@ def install_shuffle_seed() -> None:
     dataset_ops.DatasetV2.shuffle = shuffle
 
 
-def _too_small(batch: int, size: int) -> str:
-    return (
-        f"tnt: a global batch of {batch} samples cannot be split over {size} ranks: the dataset's batch size is "
-        f"the GLOBAL batch size and must be at least the number of ranks, or some ranks would never get a sample. "
-        f"Batch the dataset with at least {size} samples (only a partial last batch may hold fewer)."
-    )
-
-
 def slice_batches(ds: tf.data.Dataset, rank: int, size: int) -> tf.data.Dataset:
     """Maps every global batch of ``ds`` to this rank's contiguous slice of it.
 
@@ -168,7 +158,7 @@ def slice_batches(ds: tf.data.Dataset, rank: int, size: int) -> tf.data.Dataset:
     # Why only the static size: every batch that small leaves ranks idle on every step, which is
     # a mistake in the batch size; a partial last batch that small is just the end of the data.
     if static is not None and static < size:
-        raise ValueError(_too_small(static, size))
+        raise ValueError(too_small(static, size))
     if size == 1:
         return ds
 

@@ -28,7 +28,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from .reduce import unique_variables
+from .variables import unique_variables
 
 _STEPS = ("train_step", "test_step")
 

@@ -14,11 +14,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import keras
-import tensorflow as tf
 from keras.src.backend.common.stateless_scope import StatelessScope
 
-from . import empty_slices
-from .reduce import sum_buckets
+from . import backends
 
 
 class _Reducing(threading.local):
@@ -34,11 +32,7 @@ def _summed(variables: Sequence[Any]) -> Iterator[None]:
     if _reducing.active or not variables:
         yield
         return
-    values = empty_slices.contributed(variables)  # a rank with an empty slice adds nothing from this step
-    by_dtype: dict[tf.DType, list[int]] = {}
-    for i, value in enumerate(values):
-        by_dtype.setdefault(value.dtype, []).append(i)
-    summed = sum_buckets(values, list(by_dtype.values()))
+    summed = backends.current().summed_values(variables)  # an empty slice adds nothing from its step
     _reducing.active = True
     try:
         with StatelessScope(state_mapping=list(zip(variables, summed, strict=True))):

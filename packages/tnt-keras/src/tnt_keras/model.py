@@ -1,16 +1,16 @@
-"""``tnt.Model``: a Keras model that trains data-parallel over all ranks.
+"""``tnt.Model``: a Keras model that trains data-parallel over all ranks, on any supported backend.
 
 The wrapper keeps the user's model whole and lets Keras run it: ``fit``, ``evaluate`` and ``predict``
 hand each rank its slice of every global batch and then call the wrapped model's own methods, whose
 train step (Keras' or the user's override) has been given three hooks: gradients summed across
-ranks before the optimizer applies them (``reduce.py``), metric results on states summed across
-ranks (``metrics.py``), and callbacks that run, print and write per rank policy (``callbacks.py``).
-A step on a rank whose slice of a partial last batch is empty changes nothing there (``empty_slices.py``).
+ranks before the optimizer applies them, metric results on states summed across ranks
+(``metrics.py``), and callbacks that run, print and write per rank policy (``callbacks.py``). A step
+on a rank whose slice of a partial last batch is empty changes nothing there. What depends on the
+Keras backend (the gradient sum, slicing the inputs, the empty-slice guard) lives in ``backends/``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import inspect
 import json
@@ -18,16 +18,16 @@ import os
 import shutil
 import tempfile
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import keras
 import numpy as np
-import tensorflow as tf
 import tnt_comm
 
+from . import backends, metrics, outcome, runtime
 from . import callbacks as tnt_callbacks
-from . import data, empty_slices, metrics, outcome, reduce, runtime
+from . import variables as shared_variables
 from .runtime import logger
 
 _BN_WARN_BELOW = 16
@@ -134,45 +134,6 @@ def _accepts_keyword(function: Callable[..., Any], name: str) -> bool:
     return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
-# Where tnt-keras' TensorFlow op puts tnt-comm's error, as data (ops/tnt_ops.cc: kErrorPayload).
-_ERROR_PAYLOAD = "tnt_comm.error"
-
-
-def _tnt_comm_error(error: tf.errors.OpError) -> dict[str, Any] | None:
-    """tnt-comm's error behind a TensorFlow error, as data, if there is one."""
-    payloads = getattr(error, "experimental_payloads", None) or {}
-    payload = payloads.get(_ERROR_PAYLOAD.encode(), payloads.get(_ERROR_PAYLOAD))  # bytes in TF 2.21
-    if payload is None:
-        return None
-    data = json.loads(payload.decode() if isinstance(payload, bytes) else payload)
-    return data if isinstance(data, dict) else None
-
-
-@contextlib.contextmanager
-def _explain_mismatch(what: str) -> Iterator[None]:
-    """Turns tnt-comm's errors inside a Keras loop, which TensorFlow wraps in its own, back into
-    tnt_comm's types (PeerFailure, Timeout, CollectiveMismatch) with their data (``ranks``, the
-    call) and TensorFlow's error as the cause; a mismatch also says the usual causes: ranks that run
-    different numbers of steps, or different steps."""
-    try:
-        yield
-    except tf.errors.OpError as error:
-        found = _tnt_comm_error(error)
-        if found is None:
-            raise
-        if isinstance(tnt_comm.error_from_data(found), tnt_comm.CollectiveMismatch):
-            message = (
-                f"tnt: the ranks fell out of step in {what}: {found['message']}\n"
-                "Every rank must run the same steps in the same order. Usual causes: datasets of different "
-                "lengths on different ranks (with tnt_distribute_dataset=False each rank's dataset must give the "
-                "same number of batches; a distributed dataset must not depend on the rank), different models, or "
-                "a custom train_step that takes rank-dependent branches."
-            )
-        else:
-            message = f"tnt: {what} stopped: {found['message']}"
-        raise tnt_comm.error_from_data(found, message) from error
-
-
 class _RowCounter:
     """Wraps a model's predict function and counts the rows each batch yields, to put every rank's
     slices back in order.
@@ -188,21 +149,9 @@ class _RowCounter:
 
     def __call__(self, data: Any) -> Any:
         outputs = self.function(data)
-        leaves = [t for t in tf.nest.flatten(outputs) if t is not None]
+        leaves = [t for t in keras.tree.flatten(outputs) if t is not None]
         self.rows.append(int(leaves[0].shape[0]) if leaves else 0)
         return outputs
-
-
-def _build_for_predict(model: keras.Model, element_spec: Any) -> None:
-    """Creates the variables of a model that is not built yet from the dataset's shapes, as Keras'
-    ``_symbolic_build`` does, but without compiling or building an optimizer."""
-    if all(layer.built for layer in model._flatten_layers()):
-        return
-    from keras.src import backend as keras_backend
-
-    x, _, _ = keras.utils.unpack_x_y_sample_weight(element_spec)
-    symbolic = tf.nest.map_structure(lambda s: keras.KerasTensor(s.shape, keras.backend.standardize_dtype(s.dtype)), x)
-    keras_backend.compute_output_spec(model, symbolic, training=False)
 
 
 def _sync_for_predict(model: keras.Model) -> None:
@@ -213,16 +162,16 @@ def _sync_for_predict(model: keras.Model) -> None:
     own slices. Only variables whose checksums differ somewhere are broadcast, so repeated
     predictions on weights that are already equal cost two small allgathers.
     """
-    variables = reduce.unique_variables(model.variables)
+    variables = shared_variables.unique_variables(model.variables)
     if tnt_comm.size() == 1:
         return
-    reduce.check_same_variables(variables, "model variables")
+    shared_variables.check_same_variables(variables, "model variables")
     if not variables:
         return
-    differ = reduce.differing_variables(variables)
+    differ = shared_variables.differing_variables(variables)
     if any(differ):
         stale = [v for v, d in zip(variables, differ, strict=True) if d]
-        reduce.broadcast_variables(stale, checked=True)
+        shared_variables.broadcast_variables(stale, checked=True)
 
 
 def _warn_if_diverged(model: keras.Model) -> None:
@@ -232,10 +181,10 @@ def _warn_if_diverged(model: keras.Model) -> None:
     something else (a custom ``train_step`` assigning it, an optimizer that is not an attribute of
     the model), and from then on the ranks train different models.
     """
-    variables = reduce.unique_variables(model.trainable_variables)
+    variables = shared_variables.unique_variables(model.trainable_variables)
     if tnt_comm.size() == 1 or not variables:
         return
-    differ = reduce.differing_variables(variables)
+    differ = shared_variables.differing_variables(variables)
     if any(differ):
         names = [str(getattr(v, "path", v.name)) for v, d in zip(variables, differ, strict=True) if d]
         logger.warning(
@@ -291,6 +240,15 @@ _NO_CLASS = (
 )
 
 
+def _wrapped(obj: Any) -> keras.Model | None:
+    """The wrapped model, without going through attribute lookup (which forwards to it). On the torch
+    backend a Keras model is a torch module, which keeps the modules assigned to it in ``_modules``."""
+    model = obj.__dict__.get("_model")
+    if model is None:
+        model = obj.__dict__.get("_modules", {}).get("_model")
+    return model
+
+
 def _awaiting(obj: Any) -> bool:
     local = obj.__dict__.get("_tnt_local")
     return bool(local) and "awaiting" in local
@@ -316,7 +274,7 @@ class _Forwarded:
     def __get__(self, obj: Any, owner: Any = None) -> Any:
         if obj is None:  # on the class: Keras' attribute, for help() and inspect
             return self._base_get(None, owner)
-        model = obj.__dict__.get("_model")
+        model = _wrapped(obj)
         if model is not None:
             return getattr(model, self.name)
         if _awaiting(obj):
@@ -326,7 +284,7 @@ class _Forwarded:
         return self._base_get(obj, owner)
 
     def __set__(self, obj: Any, value: Any) -> None:
-        model = obj.__dict__.get("_model")
+        model = _wrapped(obj)
         if model is not None:
             setattr(model, self.name, value)
         elif hasattr(self.base, "__set__"):
@@ -335,7 +293,7 @@ class _Forwarded:
             obj.__dict__[self.name] = value
 
     def __delete__(self, obj: Any) -> None:
-        model = obj.__dict__.get("_model")
+        model = _wrapped(obj)
         if model is not None:
             delattr(model, self.name)
         elif self.name in obj.__dict__:
@@ -420,6 +378,7 @@ class Model(keras.Model):
         keras.Model.__init__(self, **kwargs)
         self._tnt_rank = runtime.get_rank()
         self._tnt_size = runtime.get_size()
+        self._backend = backends.current()
 
     def _adopt(self, model: keras.Model) -> None:
         self._model = model
@@ -430,17 +389,20 @@ class Model(keras.Model):
     # -- the wrapped model shows through ---------------------------------------------------------
 
     def __getattr__(self, name: str) -> Any:
-        model = self.__dict__.get("_model")
+        model = _wrapped(self)
         if model is None or name.startswith("__"):
             if model is None and _awaiting(self) and (name == "_model" or not name.startswith("_")):
                 raise AttributeError(f"{name}: {_NO_CLASS}")
             raise AttributeError(name)
+        if name == "_model":  # on torch, kept among the torch module's submodules
+            return model
         return getattr(model, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
         # Straight to the wrapped model, without tracking the value in the wrapper first.
-        if name in _FORWARDED and self.__dict__.get("_model") is not None:
-            setattr(self.__dict__["_model"], name, value)
+        model = _wrapped(self)
+        if name in _FORWARDED and model is not None:
+            setattr(model, name, value)
         else:
             super().__setattr__(name, value)
 
@@ -452,12 +414,12 @@ class Model(keras.Model):
     # Keras' fit loop and callbacks read and write this on the model they run on.
     @property
     def _initial_epoch(self) -> Any:
-        model = self.__dict__.get("_model")
+        model = _wrapped(self)
         return model._initial_epoch if model is not None else self._tnt_local.get("_initial_epoch")
 
     @_initial_epoch.setter
     def _initial_epoch(self, value: Any) -> None:
-        model = self.__dict__.get("_model")
+        model = _wrapped(self)
         if model is None:
             self._tnt_local["_initial_epoch"] = value
         else:
@@ -550,8 +512,8 @@ class Model(keras.Model):
         else:  # a compile override with arguments of its own (several optimizers, say)
             inner.compile(*args, **kwargs)
             inner.jit_compile = False
-        for optimizer in reduce.model_optimizers(inner):
-            reduce.check_optimizer(optimizer)
+        for optimizer in shared_variables.model_optimizers(inner):
+            shared_variables.check_optimizer(optimizer)
         self._warn_inexact_losses()
         self.compiled = True
         self._install_hooks()
@@ -561,7 +523,7 @@ class Model(keras.Model):
         means over the batch; not for sums, nor for means divided by the summed sample weights."""
         if self._tnt_size == 1:
             return
-        losses = [loss for loss in tf.nest.flatten(getattr(self._model, "loss", None)) if loss is not None]
+        losses = [loss for loss in keras.tree.flatten(getattr(self._model, "loss", None)) if loss is not None]
         for loss in losses:
             reduction = getattr(loss, "reduction", None)
             if reduction in ("sum", "mean_with_sample_weight"):
@@ -582,9 +544,8 @@ class Model(keras.Model):
 
     def _install_hooks(self) -> None:
         self.compiled = True
-        reduce.install_gradient_sum(self._model, self._tnt_size)
+        self._backend.install_hooks(self._model, self._tnt_size)
         metrics.install_global_metrics(self._model, self._tnt_size)
-        empty_slices.install(self._model, self._tnt_size)
 
     # -- training and inference -------------------------------------------------------------------
 
@@ -599,27 +560,19 @@ class Model(keras.Model):
         distribute: bool,
         micro_batch_size: int | None,
         what: str,
-    ) -> tf.data.Dataset:
-        if isinstance(x, tf.data.Dataset):
-            if batch_size is not None:
-                raise ValueError(
-                    f"tnt: batch_size={batch_size} was given together with a tf.data.Dataset. Batch the dataset "
-                    "itself with the GLOBAL batch size (ds.batch(B)) and leave batch_size unset."
-                )
-            if y is not None or sample_weight is not None:
-                raise ValueError("tnt: with a tf.data.Dataset, y and sample_weight come from the dataset")
-        elif data.is_array_like(x):
-            if micro_batch_size is not None:
-                batch_size = micro_batch_size * self._tnt_size
-                micro_batch_size = None
-            x = data.arrays_to_dataset(x, y, sample_weight, batch_size, shuffle)
-        else:
-            raise TypeError(
-                f"tnt: {what} takes a tf.data.Dataset batched with the global batch size, or numpy arrays with "
-                f"batch_size; got {type(x).__name__}. Wrap generators with tf.data.Dataset.from_generator."
-            )
-        return data.prepare(
-            x, self._tnt_rank, self._tnt_size, distribute=distribute, micro_batch_size=micro_batch_size, what=what
+    ) -> Any:
+        """What this rank hands to Keras: its slice of every global batch of the input."""
+        return self._backend.distribute(
+            x,
+            y,
+            sample_weight,
+            batch_size,
+            rank=self._tnt_rank,
+            size=self._tnt_size,
+            shuffle=shuffle,
+            distribute=distribute,
+            micro_batch_size=micro_batch_size,
+            what=what,
         )
 
     def _verbose(self, verbose: Any) -> Any:
@@ -630,7 +583,7 @@ class Model(keras.Model):
             return 2
         return verbose
 
-    def _prepare_variables(self, ds: tf.data.Dataset) -> None:
+    def _prepare_variables(self, ds: Any) -> None:
         """Builds model, metrics and optimizer from the data's shapes, then takes rank 0's values."""
         inner = self._model
         if not inner.compiled:
@@ -641,15 +594,15 @@ class Model(keras.Model):
             optimizer is not None and not optimizer.built
         )
         if unbuilt:
-            inner._symbolic_build(data_batch=ds.element_spec)
+            self._backend.build(inner, ds)
         metrics.install_global_metrics(inner, self._tnt_size)
-        reduce.broadcast_variables(reduce.model_and_optimizer_variables(inner))
+        shared_variables.broadcast_variables(shared_variables.model_and_optimizer_variables(inner))
         self._warn_small_batch_norm(ds)
 
-    def _warn_small_batch_norm(self, ds: tf.data.Dataset) -> None:
+    def _warn_small_batch_norm(self, ds: Any) -> None:
         if self._tnt_size == 1 or self._tnt_local.get("bn_warned"):
             return
-        global_batch = data.static_batch_size(ds._input_dataset) if hasattr(ds, "_input_dataset") else None
+        global_batch = self._backend.global_batch_size(ds)
         if global_batch is None:
             return
         micro = global_batch // self._tnt_size
@@ -697,7 +650,7 @@ class Model(keras.Model):
             tnt_distribute_validation_dataset: the same for ``validation_data``.
         """
         if validation_split and validation_data is None:
-            if isinstance(x, tf.data.Dataset):
+            if self._backend.is_dataset(x):
                 raise ValueError("tnt: validation_split needs numpy inputs; pass validation_data with a dataset")
             from keras.src.trainers.data_adapters import array_slicing
 
@@ -716,20 +669,20 @@ class Model(keras.Model):
         )
         val_ds = None
         if validation_data is not None:
-            if isinstance(validation_data, tf.data.Dataset):
+            if self._backend.is_dataset(validation_data):
                 val = (validation_data, None, None)
             else:
                 val = tuple(validation_data) + (None,) * (3 - len(validation_data))
             val_ds = self._dataset(
                 *val,
-                None if isinstance(validation_data, tf.data.Dataset) else (validation_batch_size or batch_size),
+                None if self._backend.is_dataset(validation_data) else (validation_batch_size or batch_size),
                 shuffle=False,
                 distribute=tnt_distribute_validation_dataset,
                 micro_batch_size=tnt_validation_micro_batch_size,
                 what="validation dataset",
             )
         self._prepare_variables(ds)
-        with _explain_mismatch("fit"):
+        with self._backend.explain_errors("fit"):
             history = self._model.fit(
                 ds,
                 epochs=epochs,
@@ -772,7 +725,7 @@ class Model(keras.Model):
             what="evaluation dataset",
         )
         self._prepare_variables(ds)
-        with _explain_mismatch("evaluate"):
+        with self._backend.explain_errors("evaluate"):
             return self._model.evaluate(
                 ds,
                 verbose=self._verbose(verbose),
@@ -810,11 +763,11 @@ class Model(keras.Model):
             what="prediction dataset",
         )
         inner = self._model
-        _build_for_predict(inner, ds.element_spec)
+        self._backend.build_for_predict(inner, ds)
         _sync_for_predict(inner)
         wrapped = tnt_callbacks.wrap_all(callbacks, self)
         if self._tnt_size == 1 or not tnt_distribute_dataset:
-            with _explain_mismatch("predict"):
+            with self._backend.explain_errors("predict"):
                 return inner.predict(ds, verbose=self._verbose(verbose), steps=steps, callbacks=wrapped)
         steps_per_execution = inner.steps_per_execution
         if steps_per_execution != 1:  # one call per global batch keeps the reassembly simple
@@ -823,7 +776,7 @@ class Model(keras.Model):
         counter = _RowCounter(inner.predict_function)
         inner.predict_function = counter
         try:
-            with _explain_mismatch("predict"):
+            with self._backend.explain_errors("predict"):
                 local = inner.predict(ds, verbose=self._verbose(verbose), steps=steps, callbacks=wrapped)
         finally:
             # The traced function stays for the next call, unless it was traced for one step only.
@@ -837,12 +790,12 @@ class Model(keras.Model):
     def set_weights(self, weights: Any) -> None:
         """Sets the weights, then every rank takes rank 0's (so all ranks stay identical)."""
         self._model.set_weights(weights)
-        reduce.broadcast_variables(self._model.weights)
+        shared_variables.broadcast_variables(self._model.weights)
 
     def set_state_tree(self, state_tree: dict[str, Any]) -> None:
         """As Keras' ``set_state_tree``, then every rank takes rank 0's model and optimizer variables."""
         self._model.set_state_tree(state_tree)
-        reduce.broadcast_variables(reduce.model_and_optimizer_variables(self._model))
+        shared_variables.broadcast_variables(shared_variables.model_and_optimizer_variables(self._model))
 
     def _writes_here(self, tnt_save_all_devices: bool) -> bool:
         return tnt_save_all_devices or runtime.is_master_rank()
@@ -920,12 +873,12 @@ class Model(keras.Model):
         file rank 0 has just written is complete.
         """
         path = os.fspath(filepath)
-        reduce.barrier()
+        shared_variables.barrier()
         # A serialized tnt.Model (an earlier tnt's save, keras.saving.save_model of a tnt.Model) keeps
         # the weights beneath the wrapper; every other file is a Keras model's.
         target = self if path.endswith(".keras") and _is_wrapper_file(path) else self._model
         keras.Model.load_weights(target, path, *args, **kwargs)
-        reduce.broadcast_variables(reduce.model_and_optimizer_variables(self._model))
+        shared_variables.broadcast_variables(shared_variables.model_and_optimizer_variables(self._model))
 
     def export(self, filepath: str | os.PathLike[str], *args: Any, tnt_save_all_devices: bool = False, **kwargs: Any):
         """Exports the wrapped model (e.g. a SavedModel for serving), on the master rank only.
@@ -959,7 +912,7 @@ def _reassemble(local: Any, rows: np.ndarray) -> Any:
             return None
         return tnt_comm.allgatherv(np.ascontiguousarray(array))[order]
 
-    return tf.nest.map_structure(gather, local)
+    return keras.tree.map_structure(gather, local)
 
 
 def _global_order(rows: np.ndarray) -> np.ndarray:

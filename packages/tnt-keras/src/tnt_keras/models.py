@@ -9,7 +9,7 @@ from typing import Any
 
 import keras
 
-from . import reduce
+from . import variables
 from .model import _NO_CLASS, Model, _from_bare_config, _is_wrapper_config
 
 
@@ -40,10 +40,10 @@ def load_model(
     just written (``save``, ``ModelCheckpoint``) is complete before anyone reads it; every rank
     then reads the file, and all take rank 0's weights and optimizer state.
     """
-    reduce.barrier()
+    variables.barrier()
     loaded = keras.saving.load_model(filepath, custom_objects=custom_objects, compile=compile, **kwargs)
     model = _as_tnt(loaded)
-    reduce.broadcast_variables(reduce.model_and_optimizer_variables(model.model))
+    variables.broadcast_variables(variables.model_and_optimizer_variables(model.model))
     return model
 
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 import builtins
 import contextlib
 import json
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
-import tensorflow as tf
 import tnt_comm
 
 from . import runtime
@@ -45,19 +45,28 @@ def is_alone() -> bool:
 _MAX_REPORTED = 4000
 
 
+def _tf_errors() -> Any:
+    """TensorFlow's ``tf.errors`` where this process has imported TensorFlow, else None: on other
+    backends no error can be one of its classes, and importing it would cost seconds."""
+    tf = sys.modules.get("tensorflow")
+    return getattr(tf, "errors", None)
+
+
 def _portable_classes(error: BaseException) -> list[str]:
     """The classes of ``error``, nearest first, that another rank can rebuild from a message alone:
     Python's built-in exceptions and TensorFlow's ``tf.errors`` (not ``Exception`` itself)."""
     names = []
+    errors = _tf_errors()
     for cls in type(error).__mro__:
         if cls in (Exception, BaseException, object):
             break
         if cls.__module__ == "builtins":
             names.append(cls.__name__)
         elif (
-            issubclass(cls, tf.errors.OpError)
-            and cls is not tf.errors.OpError
-            and getattr(tf.errors, cls.__name__, None) is cls
+            errors is not None
+            and issubclass(cls, errors.OpError)
+            and cls is not errors.OpError
+            and getattr(errors, cls.__name__, None) is cls
         ):
             names.append(f"tf.errors.{cls.__name__}")
     return names
@@ -77,8 +86,10 @@ def _rebuild(reports: dict[int, dict[str, Any]]) -> Exception:
     for name in first["classes"]:
         try:
             if name.startswith("tf.errors."):
-                cls = getattr(tf.errors, name.removeprefix("tf.errors."), None)
-                if isinstance(cls, type) and issubclass(cls, tf.errors.OpError):
+                # A TensorFlow error of a rank of a TensorFlow job: this rank has TensorFlow too.
+                errors = _tf_errors()
+                cls = getattr(errors, name.removeprefix("tf.errors."), None) if errors is not None else None
+                if isinstance(cls, type) and issubclass(cls, errors.OpError):
                     return cls(None, None, message)
             else:
                 cls = getattr(builtins, name, None)

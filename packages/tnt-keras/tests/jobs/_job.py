@@ -13,7 +13,6 @@ from typing import Any
 
 import keras
 import numpy as np
-import tensorflow as tf
 
 # The imports are done: keep their objects out of every later collection and collect again
 # (see _quick_start.py, which every job script imports first).
@@ -75,12 +74,51 @@ def arrays(rows: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def dataset(rows: int, batch: int, seed: int = 0, shuffle: bool = True) -> tf.data.Dataset:
-    x, y = arrays(rows, seed)
-    ds = tf.data.Dataset.from_tensor_slices((x, y))
-    if shuffle:
-        ds = ds.shuffle(rows, seed=seed + 1)
+BACKEND = keras.backend.backend()
+
+
+class GlobalBatches(keras.utils.PyDataset):
+    """Arrays in global batches, reshuffled every epoch from a seed: the input of the jobs on
+    backends without tf.data (every rank and the serial reference draw the same orders)."""
+
+    def __init__(self, arrays: tuple[np.ndarray, ...], batch: int, seed: int | None) -> None:
+        super().__init__()
+        self.arrays, self.batch, self.seed, self.epoch = arrays, batch, seed, 0
+        self.rows = len(arrays[0])
+        self.order = self._order()
+
+    def _order(self) -> np.ndarray:
+        if self.seed is None:
+            return np.arange(self.rows)
+        return np.random.default_rng([self.seed, self.epoch]).permutation(self.rows)
+
+    def __len__(self) -> int:
+        return -(-self.rows // self.batch)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, ...]:
+        index = self.order[i * self.batch : (i + 1) * self.batch]
+        return tuple(a[index] for a in self.arrays)
+
+    def on_epoch_end(self) -> None:
+        self.epoch += 1
+        self.order = self._order()
+
+
+def batches(arrays: tuple[np.ndarray, ...], batch: int, seed: int | None = None) -> Any:
+    """``arrays`` in global batches of ``batch`` rows, shuffled from ``seed`` if given: a tf.data
+    pipeline on TensorFlow, a ``PyDataset`` on other backends."""
+    if BACKEND != "tensorflow":
+        return GlobalBatches(arrays, batch, seed)
+    import tensorflow as tf
+
+    ds = tf.data.Dataset.from_tensor_slices(arrays)
+    if seed is not None:
+        ds = ds.shuffle(len(arrays[0]), seed=seed)
     return ds.batch(batch)
+
+
+def dataset(rows: int, batch: int, seed: int = 0, shuffle: bool = True) -> Any:
+    return batches(arrays(rows, seed), batch, seed + 1 if shuffle else None)
 
 
 @keras.saving.register_keras_serializable(package="tnt_tests")
@@ -108,14 +146,27 @@ class CustomStep(keras.Model):
 
     def train_step(self, data: Any) -> Any:
         x, y = data
-        with tf.GradientTape() as tape:
+        if BACKEND == "torch":
+            self.zero_grad()
             y_pred = self(x, training=True)
             loss = self.compute_loss(y=y, y_pred=y_pred)
-        grads = tape.gradient(loss, self.trainable_variables)
-        self.optimizer.apply(grads, self.trainable_variables)
+            loss.backward()
+            grads = [v.value.grad for v in self.trainable_variables]
+            import torch
+
+            with torch.no_grad():
+                self.optimizer.apply(grads, self.trainable_variables)
+        else:
+            import tensorflow as tf
+
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)
+                loss = self.compute_loss(y=y, y_pred=y_pred)
+            grads = tape.gradient(loss, self.trainable_variables)
+            self.optimizer.apply(grads, self.trainable_variables)
         for metric in self.metrics:
             if metric.name == "loss":
-                metric.update_state(loss, sample_weight=tf.shape(x)[0])
+                metric.update_state(loss, sample_weight=keras.ops.shape(x)[0])
             else:
                 metric.update_state(y, y_pred)
         return {m.name: m.result() for m in self.metrics}

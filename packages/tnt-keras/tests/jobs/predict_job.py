@@ -8,7 +8,7 @@ import numpy as np
 import tensorflow as tf
 import tnt_keras as tnt
 from _job import CLASSES, FEATURES, flat, report
-from tnt_keras import reduce as tnt_reduce
+from tnt_keras import variables as tnt_variables
 
 rank, size = tnt.get_rank(), tnt.get_size()
 ROWS, BATCH = 13, 5  # B divisible by neither 2 nor 3, and a partial last batch of 3
@@ -19,7 +19,7 @@ results: dict[str, Any] = {}
 
 # Counts tnt's broadcasts, to see that an unchanged model is not broadcast again.
 broadcasts: list[int] = []
-original_broadcast = tnt_reduce.broadcast_variables
+original_broadcast = tnt_variables.broadcast_variables
 
 
 def counting_broadcast(variables: Any, root: int = 0, **kwargs: Any) -> None:
@@ -27,7 +27,7 @@ def counting_broadcast(variables: Any, root: int = 0, **kwargs: Any) -> None:
     original_broadcast(variables, root, **kwargs)
 
 
-tnt_reduce.broadcast_variables = counting_broadcast
+tnt_variables.broadcast_variables = counting_broadcast
 
 
 def leaves(result: Any) -> list[np.ndarray]:

@@ -91,21 +91,24 @@ for kind in ("functional", "sequential", "subclassed", "custom_step"):
 # Rank 0 wrote every file: no temporaries are left beside them.
 results["files"] = sorted(p.name for p in files.iterdir())
 
-# export() writes a SavedModel on the master rank.
-model = tnt.Model(build("functional"))
-model.compile(**compile_args("sgd"))
-model.export(str(files / "exported"))
-tnt.callbacks.average_logs({"sync": 1.0})
-results["exported"] = (files / "exported" / "saved_model.pb").exists()
+# export() writes a SavedModel on the master rank. (On torch, Keras 3.15's SavedModel export goes
+# through torch.export, which refuses Keras' own input signature: plain Keras fails there alike.)
+if keras.backend.backend() == "tensorflow":
+    model = tnt.Model(build("functional"))
+    model.compile(**compile_args("sgd"))
+    model.export(str(files / "exported"))
+    tnt.callbacks.average_logs({"sync": 1.0})
+    results["exported"] = (files / "exported" / "saved_model.pb").exists()
 
 # A mixed_float16 model trains on every rank alike and close to serial.
 keras.mixed_precision.set_global_policy("mixed_float16")
 serial = build("functional")
 serial.compile(**compile_args("adam"))
-serial.fit(dataset(64, 12), epochs=2, verbose=0)
+# shuffle=False: the dataset shuffles itself (Keras would shuffle a PyDataset's batches again, its own way).
+serial.fit(dataset(64, 12), epochs=2, verbose=0, shuffle=False)
 mixed = tnt.Model(build("functional"))
 mixed.compile(**compile_args("adam"))
-mixed.fit(dataset(64, 12), epochs=2, verbose=0)
+mixed.fit(dataset(64, 12), epochs=2, verbose=0, shuffle=False)
 keras.mixed_precision.set_global_policy("float32")
 results["mixed_err"] = max_diff(serial.get_weights(), mixed.get_weights())
 results["mixed_optimizer"] = type(mixed.optimizer).__name__

@@ -72,6 +72,15 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
+def _ranks_per_gpu(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected a positive whole number of ranks that share one GPU, got {text!r} "
+            "(1, the default, gives every rank a GPU of its own; --no-gpu runs on CPUs)"
+        )
+    return int(text)
+
+
 def _non_negative_int(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
@@ -127,6 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
     devices = parser.add_argument_group("devices and pinning")
     devices.add_argument("--no-gpu", action="store_true",
                          help="run every rank on CPUs, even where GPUs are found")
+    devices.add_argument("--ranks-per-gpu", type=_ranks_per_gpu, metavar="K",
+                         help="let K ranks share each GPU: local rank i gets the host's GPU i // "
+                              "K, so a host needs one GPU for every K of its ranks, and a host "
+                              "without -n, --n-per-node or slots runs K ranks per GPU (default: "
+                              "1, a GPU per rank)")
     devices.add_argument("--pin-to-socket", action="store_true",
                          help="bind each rank to the CPUs of one NUMA node (socket) with numactl, "
                               "preferring that node's memory")
@@ -230,6 +244,9 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
                          "host, --n-per-node N starts N ranks on every host")
     if args.nprocs is not None and args.hostfile is not None:
         raise UsageError("-n starts ranks on this host only; with --hostfile use --n-per-node")
+    if args.no_gpu and args.ranks_per_gpu is not None:
+        raise UsageError("--ranks-per-gpu and --no-gpu cannot be combined: --no-gpu runs every "
+                         "rank on CPUs; leave out one of them")
     if args.force and not args.cleanup:
         raise UsageError("--force only applies to --cleanup")
     if args.cleanup and args.dry_run:
@@ -279,6 +296,7 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
         hostfile=args.hostfile,
         n_per_node=args.n_per_node,
         no_gpu=args.no_gpu,
+        ranks_per_gpu=1 if args.ranks_per_gpu is None else args.ranks_per_gpu,
         pin_to_socket=args.pin_to_socket,
         pin_memory_to_socket=args.pin_memory_to_socket,
         log_level=args.log_level,

@@ -38,6 +38,8 @@ class LaunchConfig:
     hostfile: str | None = None
     n_per_node: int | None = None
     no_gpu: bool = False
+    ranks_per_gpu: int = 1
+    """--ranks-per-gpu K: K ranks share each GPU; local rank i gets the host's GPU i // K."""
     pin_to_socket: bool = False
     pin_memory_to_socket: bool = False
     log_level: str = "WARNING"

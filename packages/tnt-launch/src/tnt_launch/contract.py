@@ -38,3 +38,9 @@ OUTPUT_ON_ALL_DEVICES = "TNT_OUTPUT_ON_ALL_DEVICES"  # "true": every rank's outp
 STDOUT_TTY = "TNT_STDOUT_TTY"  # "true": this rank's stdout reaches a terminal as it is written
 TENSORBOARD_ON_ALL_DEVICES = "TNT_TENSORBOARD_ON_ALL_DEVICES"
 REPORT_FD = "TNT_REPORT_FD"  # a pipe where tnt-comm writes the exception the rank ends with, as JSON
+
+# -- Threads: no variable of tnt's. tnt-launch sets each rank's share of the CPUs in the variables
+# the frameworks read at start (plan.THREAD_VARIABLES: OMP_NUM_THREADS, MKL_NUM_THREADS,
+# TF_NUM_INTRAOP_THREADS); PyTorch sizes its intra-op pool (torch.get_num_threads) from
+# MKL_NUM_THREADS, else OMP_NUM_THREADS, so tnt-keras' torch backend need not call
+# torch.set_num_threads, and a value the user set reaches torch as it would without tnt-launch.

@@ -17,7 +17,20 @@ from tnt_launch import contract
 from tnt_launch.config import FOREVER_S, LaunchConfig, LaunchError
 from tnt_launch.hosts import Host, is_loopback
 
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS")
+# Each rank's share of its host's CPUs, unless the user set the variable. Frameworks read them at
+# start: OpenMP and TensorFlow's intra-op pool; MKL and PyTorch's intra-op pool (torch.get_num_threads)
+# take MKL_NUM_THREADS, else OMP_NUM_THREADS. So no variable of tnt's carries the count, and
+# tnt-keras' torch backend need not call torch.set_num_threads.
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TF_NUM_INTRAOP_THREADS")
+THREAD_FALLBACKS = {"MKL_NUM_THREADS": "OMP_NUM_THREADS"}
+"""A variable the reader falls back on: set by the user, it is the count, and tnt-launch leaves
+MKL_NUM_THREADS unset so that MKL and PyTorch take the user's OMP_NUM_THREADS, as they would
+without tnt-launch."""
+
+# Ranks that share a GPU (--ranks-per-gpu K > 1): TensorFlow takes nearly all of a GPU's memory at
+# start, so the second rank would find none; with this set it takes memory as it needs it.
+# PyTorch's caching allocator grows on demand already.
+GPU_SHARING_VARIABLES = {"TF_FORCE_GPU_ALLOW_GROWTH": "true"}
 
 # TensorFlow's C++ start-up lines (cpu_feature_guard, absl) on every rank: hidden unless the user
 # sets the variable, and shown again with --log-level DEBUG.
@@ -26,7 +39,8 @@ TF_LOG_QUIET = "2"
 TF_LOG_DEBUG = "0"
 
 # What ranks on other hosts get from tnt-launch's own environment (ranks on this host inherit all
-# of it): where the software is, and the settings of the libraries a training script uses.
+# of it): where the software is, and the settings of the libraries a training script uses (Keras
+# and its backend, TensorFlow or PyTorch, and CUDA's libraries). docs/launch.md lists them.
 CARRIED_VARIABLES = (
     "PATH",
     "PYTHONPATH",
@@ -37,8 +51,29 @@ CARRIED_VARIABLES = (
     "LANG",
     "LC_ALL",
 )
-CARRIED_PREFIXES = ("TNT_", "TF_", "OMP_", "KMP_", "XLA_", "NCCL_", "PYTHON")
-NOT_CARRIED = ("TNT_SSH_OPTS", "TNT_LAUNCH_REGISTRY")
+CARRIED_PREFIXES = (
+    "TNT_",
+    "KERAS_",  # KERAS_BACKEND, KERAS_HOME, ...
+    "TF_",
+    "TORCH_",
+    "TORCHDYNAMO_",  # torch.compile (Keras' jit_compile on the torch backend)
+    "TORCHINDUCTOR_",
+    "PYTORCH_",
+    "OMP_",
+    "KMP_",
+    "MKL_",
+    "XLA_",
+    "CUDA_",
+    "CUBLAS_",
+    "CUDNN_",
+    "NCCL_",
+    "PYTHON",
+)
+NOT_CARRIED = (
+    "TNT_SSH_OPTS",
+    "TNT_LAUNCH_REGISTRY",
+    "CUDA_VISIBLE_DEVICES",  # set per rank (RESERVED_ENV)
+)
 
 # --transport gpi2: GPI-2 ranks start from GASPI_RANK, GASPI_SOCKET, GASPI_NRANKS and GASPI_MFILE.
 # tnt-comm takes all four or derives all four itself, never some, so they are set together.
@@ -231,8 +266,50 @@ def _ranks_per_host(config: LaunchConfig, host: Host, facts: HostFacts) -> int:
     if host.slots is not None:
         return host.slots
     if not config.no_gpu and facts.gpus:
-        return len(facts.gpus)
+        return len(facts.gpus) * _ranks_per_gpu(config)
     return 1
+
+
+def _ranks_per_gpu(config: LaunchConfig) -> int:
+    per_gpu = config.ranks_per_gpu
+    if isinstance(per_gpu, bool) or not isinstance(per_gpu, int) or per_gpu < 1:
+        raise PlanError(
+            f"--ranks-per-gpu {per_gpu!r}: expected a positive whole number of ranks that share "
+            "one GPU (1, the default, gives every rank a GPU of its own)"
+        )
+    return per_gpu
+
+
+def gpus_needed(ranks: int, per_gpu: int) -> int:
+    """The GPUs a host needs for `ranks` ranks, `per_gpu` of them on each GPU."""
+    return -(-ranks // per_gpu)
+
+
+def _gpu_shortage(
+    hosts: Sequence[Host], counts: Sequence[int], facts: Mapping[str, HostFacts], per_gpu: int
+) -> tuple[list[str], list[str]]:
+    """(warnings, notes) when some host has too few GPUs for its ranks, and all ranks go to CPUs;
+    both empty when every host has enough."""
+    short = [
+        (h, n) for h, n in zip(hosts, counts) if len(facts[h.name].gpus) < gpus_needed(n, per_gpu)
+    ]
+    if not short:
+        return [], []
+    sharing = f" at {per_gpu} per GPU" if per_gpu > 1 else ""
+    details = "; ".join(
+        f"{h.name} has {len(facts[h.name].gpus)} GPU(s) for {n} rank(s){sharing}"
+        if facts[h.name].gpus
+        else f"no GPUs found on {h.name}"
+        for h, n in short
+    )
+    if not any(facts[h.name].gpus for h in hosts):
+        return [], [f"running all ranks on CPUs: {details}"]
+    hint = "--no-gpu runs on CPUs without this warning"
+    if all(facts[h.name].gpus for h, _ in short):
+        # Sharing would fit every host: say how many ranks each GPU would then run.
+        fit = max(gpus_needed(n, len(facts[h.name].gpus)) for h, n in short)
+        hint = f"--ranks-per-gpu {fit} lets {fit} ranks share each GPU; {hint}"
+    return [f"running all ranks on CPUs: {details} ({hint})"], []
 
 
 def _pinning(
@@ -270,10 +347,12 @@ def build_plan(
     and may draw live progress bars.
 
     Ranks are numbered host by host, in the order the hosts are listed. A host runs `-n` or
-    `--n-per-node` ranks if given, else its hostfile slots, else one per GPU, else one. Unless
-    `--no-gpu` is given, ranks use one GPU each when every host has a GPU for each of its ranks;
-    otherwise all ranks run on CPUs, with a warning when some host has GPUs that go unused (only a
-    note when no host has any GPU). Raises PlanError when pinning is asked for and cannot be done.
+    `--n-per-node` ranks if given, else its hostfile slots, else K per GPU (K: --ranks-per-gpu,
+    default 1), else one. Unless `--no-gpu` is given, ranks use GPUs when every host has one GPU
+    for every K of its ranks: local rank i gets the host's GPU i // K. Otherwise all ranks run on
+    CPUs, with a warning when some host has GPUs that go unused (only a note when no host has any
+    GPU). Raises PlanError when pinning is asked for and cannot be done, or K is not a positive
+    whole number.
 
     With `--transport gpi2` and rank 0 on this host, ranks also get GPI-2's GASPI_* variables for
     the machinefile `identity.gpi2_machinefile` (whose lines are `Plan.gpi2_machines`; the caller
@@ -281,29 +360,16 @@ def build_plan(
     """
     if config.script is None:
         raise PlanError("no script given")
+    per_gpu = _ranks_per_gpu(config)
     counts = [_ranks_per_host(config, h, facts[h.name]) for h in hosts]
     size = sum(counts)
-    warnings = []
-    notes = []
+    warnings: list[str] = []
+    notes: list[str] = []
 
     use_gpus = False
     if not config.no_gpu:
-        short = [(h, n) for h, n in zip(hosts, counts) if len(facts[h.name].gpus) < n]
-        use_gpus = not short
-        if short:
-            details = "; ".join(
-                f"{h.name} has {len(facts[h.name].gpus)} GPU(s) for {n} rank(s)"
-                if facts[h.name].gpus
-                else f"no GPUs found on {h.name}"
-                for h, n in short
-            )
-            if any(facts[h.name].gpus for h in hosts):
-                warnings.append(
-                    f"running all ranks on CPUs: {details} "
-                    "(--no-gpu runs on CPUs without this warning)"
-                )
-            else:
-                notes.append(f"running all ranks on CPUs: {details}")
+        warnings, notes = _gpu_shortage(hosts, counts, facts, per_gpu)
+        use_gpus = not warnings and not notes
 
     master_addr = _master_addr(hosts)
     user_set = _user_set(config, environ)
@@ -356,7 +422,7 @@ def build_plan(
         host_facts = facts[host.name]
         nodes = _pinning(config, host, host_facts, count) if config.pinning else ()
         for local_rank in range(count):
-            gpu = host_facts.gpus[local_rank] if use_gpus else None
+            gpu = host_facts.gpus[local_rank // per_gpu] if use_gpus else None
             numa_node = None
             pin_argv: list[str] = []
             pinning = "-"
@@ -418,8 +484,12 @@ def build_plan(
             # An empty list hides every GPU, so CPU ranks stay on CPUs.
             env["CUDA_VISIBLE_DEVICES"] = gpu if gpu is not None else ""
             for name in THREAD_VARIABLES:
-                if name not in user_set:
+                if name not in user_set and THREAD_FALLBACKS.get(name) not in user_set:
                     env[name] = str(threads)
+            if gpu is not None and per_gpu > 1:
+                for name, value in GPU_SHARING_VARIABLES.items():
+                    if name not in user_set:
+                        env[name] = value
             if "PYTHONUNBUFFERED" not in user_set:
                 env["PYTHONUNBUFFERED"] = "1"
             if TF_LOG_VARIABLE not in user_set:

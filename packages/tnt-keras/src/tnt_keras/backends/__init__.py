@@ -1,0 +1,78 @@
+"""What differs between Keras backends, behind one interface; everything else in tnt-keras is shared.
+
+``current()`` is the module of the backend Keras runs on (``keras.backend.backend()``), imported
+only when first asked for, so that a job on one backend never imports another's framework. Each
+backend module provides:
+
+- ``is_dataset(x)``: whether ``x`` is an input of that backend's own that arrives batched with the
+  global batch size (``tf.data.Dataset``; a torch ``DataLoader`` or a ``keras.utils.PyDataset``);
+- ``distribute(x, y, sample_weight, batch_size, *, rank, size, shuffle, distribute, micro_batch_size,
+  what)``: what this rank hands to Keras: its slice of every global batch (``data.py`` states the rule);
+- ``global_batch_size(ds)``: the global batch size of what ``distribute`` returned, where known;
+- ``build(model, ds)`` and ``build_for_predict(model, ds)``: create the variables from the data's shapes;
+- ``install_hooks(model, size)``: the gradient sum and the empty-slice guard (idempotent);
+- ``summed_values(variables)``: the values of metric states summed over ranks (``metrics.py``);
+- ``explain_errors(what)``: a context in which tnt-comm's errors reach the user as tnt-comm's types.
+
+A new backend (JAX) is one more module here and one more line in ``current()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+import keras
+import tnt_comm
+
+_MODULES = {"tensorflow": "tensorflow", "torch": "torch"}
+
+
+def current() -> ModuleType:
+    """The module of the Keras backend this process runs on."""
+    name = keras.backend.backend()
+    module = _MODULES.get(name)
+    if module is None:
+        raise NotImplementedError(
+            f"tnt: Keras' {name!r} backend is not supported yet; tnt runs on {', '.join(sorted(_MODULES))}. "
+            "Set KERAS_BACKEND=tensorflow or KERAS_BACKEND=torch."
+        )
+    return importlib.import_module(f"{__name__}.{module}")
+
+
+def mismatch_advice(what: str, message: str) -> str:
+    return (
+        f"tnt: the ranks fell out of step in {what}: {message}\n"
+        "Every rank must run the same steps in the same order. Usual causes: datasets of different "
+        "lengths on different ranks (with tnt_distribute_dataset=False each rank's dataset must give the "
+        "same number of batches; a distributed dataset must not depend on the rank), different models, or "
+        "a custom train_step that takes rank-dependent branches."
+    )
+
+
+def reraised(what: str, found: dict[str, Any]) -> tnt_comm.TntError:
+    """tnt-comm's error ``found`` (as data), as the tnt-comm type to raise from ``what`` (fit, ...);
+    a mismatch also says its usual causes."""
+    if isinstance(tnt_comm.error_from_data(found), tnt_comm.CollectiveMismatch):
+        message = mismatch_advice(what, found["message"])
+    else:
+        message = f"tnt: {what} stopped: {found['message']}"
+    return tnt_comm.error_from_data(found, message)
+
+
+@contextlib.contextmanager
+def explain_python_errors(what: str) -> Iterator[None]:
+    """For backends whose steps call tnt-comm from Python: its errors arrive as they are raised, and
+    get the same message as on TensorFlow."""
+    try:
+        yield
+    except tnt_comm.TntError as error:
+        found = tnt_comm.error_data(error)
+        if not isinstance(found, dict) or "message" not in found or getattr(error, "_tnt_explained", False):
+            raise
+        rebuilt = reraised(what, found)
+        rebuilt._tnt_explained = True  # type: ignore[attr-defined]
+        raise rebuilt from error

@@ -1,0 +1,121 @@
+"""The TensorFlow backend: tnt-keras' TensorFlow op sums gradients inside the traced train step
+(``reduce.py``, ``ops/``), ``tf.data`` pipelines are sliced per rank inside the graph (``data.py``),
+and a step on an empty slice is undone by graph conditionals (``empty_slices.py``)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from .. import data, empty_slices, reduce
+from . import reraised
+
+# Where tnt-keras' TensorFlow op puts tnt-comm's error, as data (ops/tnt_ops.cc: kErrorPayload).
+_ERROR_PAYLOAD = "tnt_comm.error"
+
+
+def _tnt_comm_error(error: tf.errors.OpError) -> dict[str, Any] | None:
+    """tnt-comm's error behind a TensorFlow error, as data, if there is one."""
+    payloads = getattr(error, "experimental_payloads", None) or {}
+    payload = payloads.get(_ERROR_PAYLOAD.encode(), payloads.get(_ERROR_PAYLOAD))  # bytes in TF 2.21
+    if payload is None:
+        return None
+    found = json.loads(payload.decode() if isinstance(payload, bytes) else payload)
+    return found if isinstance(found, dict) else None
+
+
+@contextlib.contextmanager
+def explain_errors(what: str) -> Iterator[None]:
+    """Turns tnt-comm's errors inside a Keras loop, which TensorFlow wraps in its own, back into
+    tnt_comm's types (PeerFailure, Timeout, CollectiveMismatch) with their data (``ranks``, the
+    call) and TensorFlow's error as the cause; a mismatch also says the usual causes."""
+    try:
+        yield
+    except tf.errors.OpError as error:
+        found = _tnt_comm_error(error)
+        if found is None:
+            raise
+        raise reraised(what, found) from error
+
+
+def is_dataset(x: Any) -> bool:
+    return isinstance(x, tf.data.Dataset)
+
+
+def distribute(
+    x: Any,
+    y: Any,
+    sample_weight: Any,
+    batch_size: int | None,
+    *,
+    rank: int,
+    size: int,
+    shuffle: bool,
+    distribute: bool,
+    micro_batch_size: int | None,
+    what: str,
+) -> tf.data.Dataset:
+    if isinstance(x, tf.data.Dataset):
+        if batch_size is not None:
+            raise ValueError(
+                f"tnt: batch_size={batch_size} was given together with a tf.data.Dataset. Batch the dataset "
+                "itself with the GLOBAL batch size (ds.batch(B)) and leave batch_size unset."
+            )
+        if y is not None or sample_weight is not None:
+            raise ValueError("tnt: with a tf.data.Dataset, y and sample_weight come from the dataset")
+    elif data.is_array_like(x):
+        if micro_batch_size is not None:
+            batch_size = micro_batch_size * size
+            micro_batch_size = None
+        x = data.arrays_to_dataset(x, y, sample_weight, batch_size, shuffle)
+    else:
+        raise TypeError(
+            f"tnt: {what} takes a tf.data.Dataset batched with the global batch size, or numpy arrays with "
+            f"batch_size; got {type(x).__name__}. Wrap generators with tf.data.Dataset.from_generator."
+        )
+    return data.prepare(x, rank, size, distribute=distribute, micro_batch_size=micro_batch_size, what=what)
+
+
+def global_batch_size(ds: Any) -> int | None:
+    return data.static_batch_size(ds._input_dataset) if hasattr(ds, "_input_dataset") else None
+
+
+def build(model: keras.Model, ds: tf.data.Dataset) -> None:
+    model._symbolic_build(data_batch=ds.element_spec)
+
+
+def build_for_predict(model: keras.Model, ds: tf.data.Dataset) -> None:
+    """Creates the variables of a model that is not built yet from the dataset's shapes, as Keras'
+    ``_symbolic_build`` does, but without compiling or building an optimizer."""
+    if all(layer.built for layer in model._flatten_layers()):
+        return
+    from keras.src import backend as keras_backend
+
+    x, _, _ = keras.utils.unpack_x_y_sample_weight(ds.element_spec)
+    symbolic = tf.nest.map_structure(lambda s: keras.KerasTensor(s.shape, keras.backend.standardize_dtype(s.dtype)), x)
+    keras_backend.compute_output_spec(model, symbolic, training=False)
+
+
+def install_hooks(model: keras.Model, size: int) -> None:
+    reduce.install_gradient_sum(model, size)
+    empty_slices.install(model, size)
+
+
+def summed_values(variables: list[Any]) -> list[Any]:
+    """The values of ``variables`` (metric states) summed over ranks, one fused collective per dtype;
+    a rank whose slice of this step is empty adds the values from before the step."""
+    values = empty_slices.contributed(variables)
+    by_dtype: dict[tf.DType, list[int]] = {}
+    for i, value in enumerate(values):
+        by_dtype.setdefault(value.dtype, []).append(i)
+    return reduce.sum_buckets(values, list(by_dtype.values()))
+
+
+def to_numpy(x: Any) -> np.ndarray:
+    return np.asarray(x)

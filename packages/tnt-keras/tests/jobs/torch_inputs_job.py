@@ -1,0 +1,109 @@
+"""The torch backend's inputs: arrays, a PyDataset and a DataLoader, each sliced by the global-batch
+rule; each rank loads only its own rows where the input allows it; no TensorFlow imported."""
+
+import _quick_start  # noqa: F401, I001  (first: the collector waits out the imports)
+import sys
+import zlib
+
+import keras
+import numpy as np
+import tnt_comm
+import tnt_keras as tnt
+import torch
+from _job import CLASSES, FEATURES, arrays, build, compile_args, report
+from tnt_keras.backends.torch.inputs import distribute
+from tnt_keras.slicing import rank_rows
+from torch.utils.data import DataLoader, Dataset
+
+rank, size = tnt.get_rank(), tnt.get_size()
+ROWS, BATCH = 23, 5  # 5 global batches: 4 of 5 rows, the last of 3 (fewer than 4 ranks: empty slices)
+results: dict = {"tensorflow_imported_at_start": "tensorflow" in sys.modules}
+
+
+def expected_rows(order: np.ndarray) -> list[list[int]]:
+    """This rank's rows of every global batch of ``order`` by the rule."""
+    out = []
+    for begin in range(0, len(order), BATCH):
+        batch = order[begin : begin + BATCH]
+        start, count = rank_rows(len(batch), rank, size)
+        out.append([int(i) for i in batch[start : start + count]])
+    return out
+
+
+ids = np.arange(ROWS, dtype=np.float32)[:, None]  # each row holds its own index
+
+# Arrays, in order and shuffled: the rule's rows; the shuffled order is one permutation, alike on every rank.
+plain = distribute(ids, None, None, BATCH, rank=rank, size=size, shuffle=False, distribute=True,
+                   micro_batch_size=None, what="test")
+results["arrays"] = [[int(v) for v in plain[i][0][:, 0]] for i in range(len(plain))]
+results["arrays_expected"] = expected_rows(np.arange(ROWS))
+shuffled = distribute(ids, None, None, BATCH, rank=rank, size=size, shuffle=True, distribute=True,
+                      micro_batch_size=None, what="test")
+epochs, orders = [], []
+for _ in range(2):
+    epochs.append([int(v) for i in range(len(shuffled)) for v in shuffled[i][0][:, 0]])
+    orders.append(shuffled.order.tolist())
+    shuffled.on_epoch_end()
+results["shuffled"] = epochs
+
+
+class Counting(Dataset):
+    """Rows that count how often each is loaded."""
+
+    def __init__(self) -> None:
+        self.loaded = np.zeros(ROWS, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return ROWS
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self.loaded[i] += 1
+        return torch.tensor([float(i)]), torch.tensor(0)
+
+
+counting = Counting()
+loader = distribute(DataLoader(counting, batch_size=BATCH), None, None, None, rank=rank, size=size, shuffle=False,
+                    distribute=True, micro_batch_size=None, what="test")
+results["loader"] = [[int(v) for v in x[:, 0]] for x, _ in loader]
+results["loader_loaded"] = counting.loaded.tolist()  # only this rank's rows, once each
+shuffled_loader = distribute(DataLoader(Counting(), batch_size=BATCH, shuffle=True), None, None, None, rank=rank,
+                             size=size, shuffle=False, distribute=True, micro_batch_size=None, what="test")
+results["loader_shuffled"] = [int(v) for x, _ in shuffled_loader for v in x[:, 0]]
+
+
+class Batches(keras.utils.PyDataset):
+    def __init__(self) -> None:
+        super().__init__()
+
+    def __len__(self) -> int:
+        return -(-ROWS // BATCH)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray]:
+        return (ids[i * BATCH : (i + 1) * BATCH],)
+
+
+sliced = distribute(Batches(), None, None, None, rank=rank, size=size, shuffle=False, distribute=True,
+                    micro_batch_size=None, what="test")
+results["pydataset"] = [[int(v) for v in sliced[i][0][:, 0]] for i in range(len(sliced))]
+
+# Up to here only tnt ran: no TensorFlow. (Keras' own set_random_seed, which build() calls, imports
+# TensorFlow wherever it is installed, on any backend.)
+results["tensorflow_imported"] = "tensorflow" in sys.modules
+
+# fit on a DataLoader equals serial Keras-torch on the same loader.
+x, y = arrays(ROWS * 4, seed=3)
+data = torch.utils.data.TensorDataset(torch.from_numpy(x), torch.from_numpy(y.astype(np.int64)))
+serial = build("functional")
+serial.compile(**compile_args("sgd"))
+serial.fit(DataLoader(data, batch_size=BATCH * 2), epochs=2, verbose=0)
+model = tnt.Model(build("functional"))
+model.compile(**compile_args("sgd"))
+model.fit(DataLoader(data, batch_size=BATCH * 2), epochs=2, verbose=0)
+results["loader_fit_err"] = float(
+    max(np.max(np.abs(a - b)) for a, b in zip(serial.get_weights(), model.get_weights(), strict=True))
+)
+results["features"] = (FEATURES, CLASSES)
+results["rank"], results["size"] = rank, size
+digest = zlib.crc32(str(orders).encode())  # the permutations, alike on every rank
+results["same_everywhere"] = bool(np.all(tnt_comm.allgather(np.array([digest], dtype=np.int64)) == digest))
+report(results)

@@ -1,0 +1,27 @@
+"""The torch backend's inputs on 3 real ranks: arrays, PyDataset and DataLoader by the global-batch rule."""
+
+import pytest
+from launch import run
+
+
+@pytest.mark.timeout(200)
+def test_torch_inputs_follow_the_global_batch_rule() -> None:
+    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0; nox installs it)")
+    result = run("torch_inputs_job", 3, timeout=180, backend="torch")
+    everyone = result.ranks
+    for r in everyone:
+        # With KERAS_BACKEND=torch, tnt_keras imports no TensorFlow, also while it trains.
+        assert not r["tensorflow_imported_at_start"] and not r["tensorflow_imported"]
+        assert r["arrays"] == r["arrays_expected"], r
+        assert r["loader"] == r["arrays_expected"] and r["pydataset"] == r["arrays_expected"], r
+        # A DataLoader loads this rank's rows only, each once.
+        mine = {i for batch in r["arrays_expected"] for i in batch}
+        assert r["loader_loaded"] == [1 if i in mine else 0 for i in range(len(r["loader_loaded"]))]
+        assert r["same_everywhere"]
+        assert r["loader_fit_err"] < 1e-6, r["loader_fit_err"]
+    # The ranks' slices of the last batch (3 rows over 3 ranks) and of the others tile every batch.
+    for epoch in range(2):
+        rows = sorted(i for r in everyone for i in r["shuffled"][epoch])
+        assert rows == list(range(23)), rows
+    assert everyone[0]["shuffled"][0] != everyone[0]["shuffled"][1]  # reshuffled each epoch
+    assert sorted(i for r in everyone for i in r["loader_shuffled"]) == list(range(23))
