@@ -6,18 +6,16 @@ train step (Keras' or the user's override) has been given three hooks: gradients
 ranks before the optimizer applies them, metric results on states summed across ranks
 (``metrics.py``), and callbacks that run, print and write per rank policy (``callbacks.py``). A step
 on a rank whose slice of a partial last batch is empty changes nothing there. What depends on the
-Keras backend (the gradient sum, slicing the inputs, the empty-slice guard) lives in ``backends/``.
+Keras backend (the gradient sum, slicing the inputs, the empty-slice guard) lives in ``backends/``;
+the wrapper's forwarding in ``forwarding.py``, its files in ``files.py``, configs in ``configs.py``,
+and putting predictions back in order in ``predictions.py``.
 """
 
 from __future__ import annotations
 
 import copy
 import inspect
-import json
 import os
-import shutil
-import tempfile
-import zipfile
 from collections.abc import Callable
 from typing import Any
 
@@ -25,105 +23,13 @@ import keras
 import numpy as np
 import tnt_comm
 
-from . import backends, metrics, outcome, runtime
+from . import backends, configs, files, metrics, outcome, predictions, runtime
 from . import callbacks as tnt_callbacks
 from . import variables as shared_variables
+from .forwarding import FORWARDED_ATTRIBUTES, INTERCEPTED, NO_CLASS, Forwarded, awaiting, wrapped
 from .runtime import logger
 
 _BN_WARN_BELOW = 16
-
-
-def _exists_error(path: str) -> FileExistsError:
-    return FileExistsError(f"tnt: {path} exists and overwrite=False; pass overwrite=True to replace it")
-
-
-def _refuse_existing(path: str, overwrite: bool, tnt_save_all_devices: bool) -> None:
-    """With ``overwrite=False``, raises the same ``FileExistsError`` on every rank if ``path`` exists.
-
-    The master rank looks and tells the others, since a rank that looked itself might already see
-    the file the master is writing. When every rank writes its own file, each looks at its own as
-    it writes (``_write_atomically``), and a refusal reaches every rank as any failed write does.
-    """
-    if overwrite or tnt_save_all_devices:
-        return
-    exists = os.path.exists(path)
-    if not outcome.is_alone():
-        flag = np.array([int(exists)], dtype=np.int32)
-        exists = bool(tnt_comm.broadcast(flag, root=runtime.get_master_rank())[0])
-    if exists:
-        raise _exists_error(path)
-
-
-def _shard_names(index: str) -> set[str]:
-    """The shard files that the Keras ``.weights.json`` index at ``index`` names (none if unreadable)."""
-    try:
-        with open(index) as f:
-            weight_map = json.load(f)["weight_map"]
-        names = [n for v in weight_map.values() for n in (v if isinstance(v, list) else [v])]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return set()
-    # Plain shard names only: an index must never lead us to delete other files or leave the folder.
-    return {n for n in names if isinstance(n, str) and n == os.path.basename(n) and n.endswith(".weights.h5")}
-
-
-def _write_atomically(filepath: str | os.PathLike[str], write: Callable[[str], None], overwrite: bool = True) -> None:
-    """Has ``write`` save under the same name in a new folder beside ``filepath``, then moves what
-    it wrote into place. The name must stay: Keras names the shards of a sharded save after it.
-
-    Each file is replaced in one step, so a crash leaves the old file whole, never a half-written
-    one. For a sharded save the old index goes first and the new one last, so an index never
-    names a mix of old and new shards; shards that only the old index named are then removed.
-    With ``overwrite=False``, an existing file is left alone and ``FileExistsError`` raised.
-    """
-    if not overwrite and os.path.exists(filepath):
-        raise _exists_error(os.fspath(filepath))
-    path = os.path.abspath(os.fspath(filepath))
-    directory, name = os.path.split(path)
-    os.makedirs(directory, exist_ok=True)
-    tmp_dir = tempfile.mkdtemp(prefix=f".{name}.tnt-tmp-", dir=directory)
-    try:
-        write(os.path.join(tmp_dir, name))
-        shards = sorted(f for f in os.listdir(tmp_dir) if f != name)
-        stale = _shard_names(path) - set(shards) if shards else set()
-        if shards and os.path.lexists(path):
-            os.remove(path)
-        for shard in shards:
-            os.replace(os.path.join(tmp_dir, shard), os.path.join(directory, shard))
-        os.replace(os.path.join(tmp_dir, name), path)
-        for shard in stale:
-            try:
-                os.remove(os.path.join(directory, shard))
-            except FileNotFoundError:
-                pass
-    finally:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
-
-
-def _check_weights_path(path: str, sharded: bool) -> None:
-    """Refuses, on every rank alike and before writing, a name Keras 3 would refuse or change."""
-    stem = path
-    for suffix in (".weights.json", ".weights.h5", ".keras", ".h5", ".hdf5"):
-        if path.endswith(suffix):
-            stem = path[: -len(suffix)]
-            break
-    if sharded:
-        if not path.endswith(".weights.json"):
-            raise ValueError(
-                "tnt: with max_shard_size, Keras 3 writes a .weights.json index and .weights.h5 shards beside it, "
-                f"so the name must end in .weights.json (got {path!r}): save_weights({stem + '.weights.json'!r}, "
-                "max_shard_size=...)"
-            )
-        return
-    if path.endswith(".weights.h5"):
-        return
-    h5 = stem + ".weights.h5"
-    if path.endswith(".weights.json"):
-        fix = f"a .weights.json file is a sharded save: pass max_shard_size (in GB), or save to {h5!r}"
-    elif path.endswith(".keras"):
-        fix = f"a .keras file holds the whole model: use save({path!r}), or save_weights({h5!r}) for the weights"
-    else:
-        fix = f"use save_weights({h5!r})"
-    raise ValueError(f"tnt: Keras 3 weights files end in .weights.h5 (got {path!r}); {fix}")
 
 
 def _accepts_keyword(function: Callable[..., Any], name: str) -> bool:
@@ -132,46 +38,6 @@ def _accepts_keyword(function: Callable[..., Any], name: str) -> bool:
     except (TypeError, ValueError):
         return True
     return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
-
-
-class _RowCounter:
-    """Wraps a model's predict function and counts the rows each batch yields, to put every rank's
-    slices back in order.
-
-    It reads the outputs as the predict function returns them: callbacks see them only through
-    logs that Keras flattens (dict outputs lose the ``outputs`` key), and a batch-end callback
-    would count as one more callback with a batch hook in Keras' check for asynchronous dispatch.
-    """
-
-    def __init__(self, function: Callable[[Any], Any]) -> None:
-        self.function = function
-        self.rows: list[int] = []
-
-    def __call__(self, data: Any) -> Any:
-        outputs = self.function(data)
-        leaves = [t for t in keras.tree.flatten(outputs) if t is not None]
-        self.rows.append(int(leaves[0].shape[0]) if leaves else 0)
-        return outputs
-
-
-def _sync_for_predict(model: keras.Model) -> None:
-    """Gives every rank rank 0's model variables (not the optimizer's: predict needs none).
-
-    Collective. Ranks may differ before predict: a model that was never fit has each rank's own
-    random initial weights, and fit updates BatchNormalization's moving statistics from each rank's
-    own slices. Only variables whose checksums differ somewhere are broadcast, so repeated
-    predictions on weights that are already equal cost two small allgathers.
-    """
-    variables = shared_variables.unique_variables(model.variables)
-    if tnt_comm.size() == 1:
-        return
-    shared_variables.check_same_variables(variables, "model variables")
-    if not variables:
-        return
-    differ = shared_variables.differing_variables(variables)
-    if any(differ):
-        stale = [v for v, d in zip(variables, differ, strict=True) if d]
-        shared_variables.broadcast_variables(stale, checked=True)
 
 
 def _warn_if_diverged(model: keras.Model) -> None:
@@ -194,149 +60,6 @@ def _warn_if_diverged(model: keras.Model) -> None:
             len(names),
             ", ".join(names[:3]) + (", ..." if len(names) > 3 else ""),
         )
-
-
-# The public names of ``keras.Model`` that ``tnt.Model`` does not hand to the wrapped model, and why.
-# Every other public name of ``keras.Model``, and the attributes in ``_FORWARDED_ATTRIBUTES``, is the
-# wrapped model's own: read, called and set there.
-INTERCEPTED: dict[str, str] = {
-    "fit": "slices every global batch over the ranks, gives every rank rank 0's variables first, "
-    "and applies tnt's callback policy",
-    "evaluate": "slices every global batch over the ranks and gives every rank rank 0's variables first",
-    "predict": "slices every global batch over the ranks and gathers all predictions, in input order, on every rank",
-    "compile": "refuses jit_compile=True and Ftrl, and installs the gradient sum and the global metrics",
-    "compile_from_config": "compiles through tnt's compile",
-    "save": "writes the wrapped model's .keras file, on rank 0 only and atomically; collective: a failed write "
-    "raises on every rank",
-    "save_weights": "writes on rank 0 only and atomically, after checking the name on every rank; collective: a "
-    "failed write raises on every rank",
-    "load_weights": "collective: waits for every rank, then every rank takes rank 0's values",
-    "set_weights": "collective: every rank takes rank 0's values",
-    "set_state_tree": "collective: every rank takes rank 0's values",
-    "export": "exports on rank 0 only; collective: a failed export raises on every rank",
-    "from_config": "wraps the model that Keras rebuilds from the wrapped model's config",
-    "get_build_config": "adds the wrapped model's class, which a subclassed model's config does not name",
-    "build_from_config": "rebuilds the wrapped model of that class when Keras deserializes a tnt.Model",
-    "call": "the wrapper is a Keras layer of its own, and calling it calls the wrapped model",
-    "compute_output_spec": "forwards, leaving out the training and mask arguments that the wrapped model's call "
-    "does not take (as calling the wrapped model would)",
-    "symbolic_call": "Keras' machinery for calling the wrapper itself as a layer",
-    "quantized_call": "Keras' machinery for calling the wrapper itself as a layer",
-    "rematerialized_call": "Keras' machinery for calling the wrapper itself as a layer",
-    "save_own_variables": "Keras' saving walks the wrapper itself: it has no variables of its own, and the wrapped "
-    "model's are saved beneath it",
-    "load_own_variables": "Keras' saving walks the wrapper itself (as save_own_variables)",
-}
-
-# Attributes that Keras documents but sets on each model instance, not on the class; the wrapper's own
-# Keras initialisation would otherwise hide the wrapped model's.
-_FORWARDED_ATTRIBUTES = ("compiled", "optimizer", "steps_per_execution", "stop_training")
-
-_NO_CLASS = (
-    "tnt: this config does not name the model's class (a subclassed model's get_config() holds only its own "
-    "arguments), so no model can be rebuilt from it. Rebuild it with its class and wrap it, "
-    "tnt.Model(MyModel.from_config(config)), or keep a config that names the class: model.to_json() or "
-    "keras.saving.serialize_keras_object(model)."
-)
-
-
-def _wrapped(obj: Any) -> keras.Model | None:
-    """The wrapped model, without going through attribute lookup (which forwards to it). On the torch
-    backend a Keras model is a torch module, which keeps the modules assigned to it in ``_modules``."""
-    model = obj.__dict__.get("_model")
-    if model is None:
-        model = obj.__dict__.get("_modules", {}).get("_model")
-    return model
-
-
-def _awaiting(obj: Any) -> bool:
-    local = obj.__dict__.get("_tnt_local")
-    return bool(local) and "awaiting" in local
-
-
-class _Forwarded:
-    """The wrapped model's attribute ``name``: read, called, set and deleted on the wrapped model.
-
-    Until a wrapped model is attached (while Keras initialises the wrapper as a layer of its own), it
-    is the wrapper's own attribute, as ``keras.Model`` defines it.
-    """
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.base = inspect.getattr_static(keras.Model, name, None)
-        self.__doc__ = getattr(self.base, "__doc__", None)
-
-    def _base_get(self, obj: Any, owner: Any) -> Any:
-        if self.base is None:
-            raise AttributeError(self.name)
-        return self.base.__get__(obj, owner) if hasattr(self.base, "__get__") else self.base
-
-    def __get__(self, obj: Any, owner: Any = None) -> Any:
-        if obj is None:  # on the class: Keras' attribute, for help() and inspect
-            return self._base_get(None, owner)
-        model = _wrapped(obj)
-        if model is not None:
-            return getattr(model, self.name)
-        if _awaiting(obj):
-            raise AttributeError(f"{self.name}: {_NO_CLASS}")
-        if self.name in obj.__dict__:
-            return obj.__dict__[self.name]
-        return self._base_get(obj, owner)
-
-    def __set__(self, obj: Any, value: Any) -> None:
-        model = _wrapped(obj)
-        if model is not None:
-            setattr(model, self.name, value)
-        elif hasattr(self.base, "__set__"):
-            self.base.__set__(obj, value)
-        else:
-            obj.__dict__[self.name] = value
-
-    def __delete__(self, obj: Any) -> None:
-        model = _wrapped(obj)
-        if model is not None:
-            delattr(model, self.name)
-        elif self.name in obj.__dict__:
-            del obj.__dict__[self.name]
-        else:
-            raise AttributeError(self.name)
-
-
-def _is_wrapper_config(config: dict[str, Any]) -> bool:
-    """A config written by tnt before its configs were the wrapped model's: ``{"model": ..., "name": ...}``."""
-    inner = config.get("model")
-    return isinstance(inner, dict) and "class_name" in inner and "layers" not in config
-
-
-_SEQUENTIAL_KEYS = frozenset({"name", "trainable", "dtype", "layers", "build_input_shape"})
-
-
-def _from_bare_config(config: dict[str, Any], custom_objects: Any = None) -> keras.Model | None:
-    """The Functional or Sequential model that a bare ``get_config()`` describes, rebuilt as Keras
-    does (from a copy: Keras consumes the config); None for any other config (a subclassed model's
-    does not name its class)."""
-    if all(key in config for key in ("name", "layers", "input_layers", "output_layers")):
-        return keras.Model.from_config(copy.deepcopy(config), custom_objects=custom_objects)
-    layers = config.get("layers")
-    if (
-        "name" in config
-        and set(config) <= _SEQUENTIAL_KEYS
-        and isinstance(layers, list)
-        and all(isinstance(layer, dict) and "class_name" in layer for layer in layers)
-    ):
-        return keras.Sequential.from_config(copy.deepcopy(config), custom_objects=custom_objects)
-    return None
-
-
-def _is_wrapper_file(path: str) -> bool:
-    """Whether a ``.keras`` file holds a serialized ``tnt.Model`` (whose weights lie beneath the
-    wrapper) rather than a Keras model (as ``tnt.Model.save`` writes)."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            config = json.loads(archive.read("config.json"))
-    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
-        return False
-    return isinstance(config, dict) and config.get("registered_name") == "tnt>Model"
 
 
 # Registered so that Keras can rebuild a serialized tnt.Model (keras.models.clone_model of a tnt.Model,
@@ -389,10 +112,10 @@ class Model(keras.Model):
     # -- the wrapped model shows through ---------------------------------------------------------
 
     def __getattr__(self, name: str) -> Any:
-        model = _wrapped(self)
+        model = wrapped(self)
         if model is None or name.startswith("__"):
-            if model is None and _awaiting(self) and (name == "_model" or not name.startswith("_")):
-                raise AttributeError(f"{name}: {_NO_CLASS}")
+            if model is None and awaiting(self) and (name == "_model" or not name.startswith("_")):
+                raise AttributeError(f"{name}: {NO_CLASS}")
             raise AttributeError(name)
         if name == "_model":  # on torch, kept among the torch module's submodules
             return model
@@ -400,7 +123,7 @@ class Model(keras.Model):
 
     def __setattr__(self, name: str, value: Any) -> None:
         # Straight to the wrapped model, without tracking the value in the wrapper first.
-        model = _wrapped(self)
+        model = wrapped(self)
         if name in _FORWARDED and model is not None:
             setattr(model, name, value)
         else:
@@ -414,12 +137,12 @@ class Model(keras.Model):
     # Keras' fit loop and callbacks read and write this on the model they run on.
     @property
     def _initial_epoch(self) -> Any:
-        model = _wrapped(self)
+        model = wrapped(self)
         return model._initial_epoch if model is not None else self._tnt_local.get("_initial_epoch")
 
     @_initial_epoch.setter
     def _initial_epoch(self, value: Any) -> None:
-        model = _wrapped(self)
+        model = wrapped(self)
         if model is None:
             self._tnt_local["_initial_epoch"] = value
         else:
@@ -447,14 +170,14 @@ class Model(keras.Model):
         ``tnt.Model(MyModel.from_config(config))``. (When Keras itself deserializes a ``tnt.Model``,
         the class comes from the wrapper's build config, see ``get_build_config``.)
         """
-        if _is_wrapper_config(config):
+        if configs.is_wrapper_config(config):
             # Earlier tnt versions' configs, {"model": <serialized model>, "name": ...}, some with the
             # wrapped model's compile settings, which a config leaves out. Keras consumes what it
             # deserializes: the caller's config stays reusable.
             inner_config = {k: v for k, v in config["model"].items() if k != "compile_config"}
             inner = keras.saving.deserialize_keras_object(copy.deepcopy(inner_config), custom_objects=custom_objects)
             return cls(inner, name=config.get("name"))
-        inner = _from_bare_config(config, custom_objects)
+        inner = configs.from_bare_config(config, custom_objects)
         if inner is not None:
             return cls(inner)
         # Keras' deserialization calls build_from_config next, with the class; until then the wrapper
@@ -488,7 +211,7 @@ class Model(keras.Model):
         awaiting = self._tnt_local.pop("awaiting", None)
         if awaiting is not None:
             if not named:
-                raise ValueError(_NO_CLASS)
+                raise ValueError(NO_CLASS)
             inner_config, custom_objects = awaiting
             serialized = {**named, "config": copy.deepcopy(inner_config)}
             if inner_build:
@@ -764,7 +487,7 @@ class Model(keras.Model):
         )
         inner = self._model
         self._backend.build_for_predict(inner, ds)
-        _sync_for_predict(inner)
+        predictions.sync_variables(inner)
         wrapped = tnt_callbacks.wrap_all(callbacks, self)
         if self._tnt_size == 1 or not tnt_distribute_dataset:
             with self._backend.explain_errors("predict"):
@@ -773,7 +496,7 @@ class Model(keras.Model):
         if steps_per_execution != 1:  # one call per global batch keeps the reassembly simple
             inner.steps_per_execution, inner.predict_function = 1, None
         inner.make_predict_function()  # returns nothing when it makes a new one
-        counter = _RowCounter(inner.predict_function)
+        counter = predictions.RowCounter(inner.predict_function)
         inner.predict_function = counter
         try:
             with self._backend.explain_errors("predict"):
@@ -783,7 +506,7 @@ class Model(keras.Model):
             inner.predict_function = counter.function if steps_per_execution == 1 else None
             inner.steps_per_execution = steps_per_execution
         rows = tnt_comm.allgather(np.asarray(counter.rows, dtype=np.int64))  # (ranks, batches)
-        return _reassemble(local, rows)
+        return predictions.reassemble(local, rows)
 
     # -- weights and files -------------------------------------------------------------------------
 
@@ -831,11 +554,13 @@ class Model(keras.Model):
             )
         if not path.endswith(".keras"):
             raise ValueError(f"tnt: whole-model files end in .keras (got {path!r}); for SavedModel use export()")
-        _refuse_existing(path, overwrite, tnt_save_all_devices)
+        files.refuse_existing(path, overwrite, tnt_save_all_devices)
         outcome.write_and_agree(
             f"save {path!r}",
             self._writes_here(tnt_save_all_devices),
-            lambda: _write_atomically(path, lambda tmp: keras.saving.save_model(self._model, tmp, **kwargs), overwrite),
+            lambda: files.write_atomically(
+                path, lambda tmp: keras.saving.save_model(self._model, tmp, **kwargs), overwrite
+            ),
         )
 
     def save_weights(
@@ -853,12 +578,12 @@ class Model(keras.Model):
         raises on every rank if a rank failed to write, as ``save``.
         """
         path = os.fspath(filepath)
-        _check_weights_path(path, sharded=max_shard_size is not None)
-        _refuse_existing(path, overwrite, tnt_save_all_devices)
+        files.check_weights_path(path, sharded=max_shard_size is not None)
+        files.refuse_existing(path, overwrite, tnt_save_all_devices)
         outcome.write_and_agree(
             f"save weights to {path!r}",
             self._writes_here(tnt_save_all_devices),
-            lambda: _write_atomically(
+            lambda: files.write_atomically(
                 path,
                 lambda tmp: self._model.save_weights(tmp, overwrite=True, max_shard_size=max_shard_size, **kwargs),
                 overwrite,
@@ -876,7 +601,7 @@ class Model(keras.Model):
         shared_variables.barrier()
         # A serialized tnt.Model (an earlier tnt's save, keras.saving.save_model of a tnt.Model) keeps
         # the weights beneath the wrapper; every other file is a Keras model's.
-        target = self if path.endswith(".keras") and _is_wrapper_file(path) else self._model
+        target = self if path.endswith(".keras") and files.is_wrapper_file(path) else self._model
         keras.Model.load_weights(target, path, *args, **kwargs)
         shared_variables.broadcast_variables(shared_variables.model_and_optimizer_variables(self._model))
 
@@ -895,30 +620,8 @@ class Model(keras.Model):
 
 _FORWARDED = frozenset(
     {name for name in dir(keras.Model) if not name.startswith("_") and name not in INTERCEPTED}
-    | set(_FORWARDED_ATTRIBUTES)
+    | set(FORWARDED_ATTRIBUTES)
 )
 for _name in sorted(_FORWARDED):
-    setattr(Model, _name, _Forwarded(_name))
+    setattr(Model, _name, Forwarded(_name))
 del _name
-
-
-def _reassemble(local: Any, rows: np.ndarray) -> Any:
-    """Every rank's slices of every batch, back in the order of the global batches, for every
-    array of the output structure (one allgatherv per array, in the same order on every rank)."""
-    order = _global_order(rows)
-
-    def gather(array: Any) -> Any:
-        if array is None:
-            return None
-        return tnt_comm.allgatherv(np.ascontiguousarray(array))[order]
-
-    return keras.tree.map_structure(gather, local)
-
-
-def _global_order(rows: np.ndarray) -> np.ndarray:
-    """Indices into the ranks' concatenated outputs (rank 0's batches, then rank 1's, ...) that put
-    them in input order: batch 0 of every rank, then batch 1, ... ``rows`` is (ranks, batches)."""
-    per_rank = rows.sum(axis=1)
-    begins = (np.cumsum(per_rank) - per_rank)[:, None] + np.cumsum(rows, axis=1) - rows
-    pieces = [np.arange(b, b + c) for b, c in zip(begins.T.ravel(), rows.T.ravel(), strict=True)]
-    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)

@@ -10,7 +10,9 @@ from typing import Any
 import keras
 
 from . import variables
-from .model import _NO_CLASS, Model, _from_bare_config, _is_wrapper_config
+from .configs import from_bare_config, is_wrapper_config
+from .forwarding import NO_CLASS
+from .model import Model
 
 
 def _as_tnt(model: keras.Model) -> Model:
@@ -57,11 +59,11 @@ def model_from_config(config: dict[str, Any], custom_objects: Any = None) -> Mod
     rebuilds, ``tnt.Model(MyModel.from_config(config))``.
     """
     if "class_name" not in config:  # the bare output of get_config()
-        if _is_wrapper_config(config):  # of an earlier tnt version
+        if is_wrapper_config(config):  # of an earlier tnt version
             return Model.from_config(config, custom_objects=custom_objects)
-        inner = _from_bare_config(config, custom_objects)
+        inner = from_bare_config(config, custom_objects)
         if inner is None:
-            raise ValueError(_NO_CLASS)
+            raise ValueError(NO_CLASS)
         return Model(inner)
     # Keras would compile the model from the serialized compile settings; an architecture is uncompiled.
     # Keras also consumes the dict it deserializes: the caller's config stays reusable.

@@ -186,6 +186,6 @@ for kind in ("functional", "sequential", "subclassed"):
 # Every intercepted name is a public name of keras.Model with a reason, and only those are not forwarded.
 results["reasons"] = {name: bool(reason.strip()) for name, reason in INTERCEPTED.items()}
 results["not_forwarded"] = sorted(
-    name for name in PUBLIC if type(inspect.getattr_static(tnt.Model, name)).__name__ != "_Forwarded"
+    name for name in PUBLIC if type(inspect.getattr_static(tnt.Model, name)).__name__ != "Forwarded"
 )
 report(results)
