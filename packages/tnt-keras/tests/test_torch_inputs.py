@@ -19,6 +19,9 @@ def test_torch_inputs_follow_the_global_batch_rule() -> None:
         assert r["loader_loaded"] == [1 if i in mine else 0 for i in range(len(r["loader_loaded"]))]
         assert r["same_everywhere"]
         assert r["loader_fit_err"] < 1e-6, r["loader_fit_err"]
+        for name, w in r["weighted"].items():  # class_weight, sample_weight, validation_data
+            assert w["weights_err"] < 1e-6 and w["history_err"] < 1e-6, (name, w)
+        assert "val_loss" in r["weighted"]["validation"]["logged"]
     # The ranks' slices of the last batch (3 rows over 3 ranks) and of the others tile every batch.
     for epoch in range(2):
         rows = sorted(i for r in everyone for i in r["shuffled"][epoch])

@@ -103,6 +103,32 @@ results["loader_fit_err"] = float(
     max(np.max(np.abs(a - b)) for a, b in zip(serial.get_weights(), model.get_weights(), strict=True))
 )
 results["features"] = (FEATURES, CLASSES)
+
+# class_weight, sample_weight and validation data, on arrays of 70 rows in global batches of 7 (which
+# 3 ranks split 3/2/2): weights and every logged number equal serial Keras-torch.
+x, y = arrays(70, seed=4)
+sample_weight = np.random.default_rng(5).uniform(0.5, 2.0, 70).astype("float32")
+weighted = {}
+for name, extra in {
+    "class_weight": {"class_weight": {0: 1.0, 1: 2.0, 2: 0.5}},
+    "sample_weight": {"sample_weight": sample_weight},
+    "validation": {"validation_data": (x[:20], y[:20])},
+}.items():
+    serial = build("sequential")
+    serial.compile(**compile_args("adam"))
+    expected = serial.fit(x, y, batch_size=7, epochs=2, shuffle=False, verbose=0, **extra).history
+    model = tnt.Model(build("sequential"))
+    model.compile(**compile_args("adam"))
+    got = model.fit(x, y, batch_size=7, epochs=2, shuffle=False, verbose=0, **extra).history
+    assert set(got) == set(expected), (sorted(got), sorted(expected))
+    weighted[name] = {
+        "weights_err": float(
+            max(np.max(np.abs(a - b)) for a, b in zip(serial.get_weights(), model.get_weights(), strict=True))
+        ),
+        "history_err": float(max(abs(a - b) for k in expected for a, b in zip(expected[k], got[k], strict=True))),
+        "logged": sorted(got),
+    }
+results["weighted"] = weighted
 results["rank"], results["size"] = rank, size
 digest = zlib.crc32(str(orders).encode())  # the permutations, alike on every rank
 results["same_everywhere"] = bool(np.all(tnt_comm.allgather(np.array([digest], dtype=np.int64)) == digest))
