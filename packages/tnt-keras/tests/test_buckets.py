@@ -19,7 +19,7 @@ F32, F16 = "float32", "float16"
 
 
 def test_buckets_start_from_the_last_gradient_and_reach_the_threshold(tf: ModuleType) -> None:
-    from tnt_keras import reduce
+    from tnt_keras.backends.tensorflow import gradients as reduce
 
     g = grads(tf, (10, F32), (100, F32), (5, F32), (20, F32))  # 40, 400, 20, 80 bytes
     assert reduce.plan_buckets(g, 100) == [[3, 2], [1], [0]]
@@ -27,14 +27,14 @@ def test_buckets_start_from_the_last_gradient_and_reach_the_threshold(tf: Module
 
 
 def test_threshold_zero_sends_every_gradient_alone(tf: ModuleType) -> None:
-    from tnt_keras import reduce
+    from tnt_keras.backends.tensorflow import gradients as reduce
 
     g = grads(tf, (10, F32), (100, F32), (5, F32))
     assert reduce.plan_buckets(g, 0) == [[2], [1], [0]]
 
 
 def test_buckets_never_mix_dtypes_and_skip_missing_gradients(tf: ModuleType) -> None:
-    from tnt_keras import reduce
+    from tnt_keras.backends.tensorflow import gradients as reduce
 
     g: list[Any] = [*grads(tf, (10, F32), (10, F16)), None, *grads(tf, (10, F32))]
     assert reduce.plan_buckets(g, 1 << 20) == [[3], [1], [0]]

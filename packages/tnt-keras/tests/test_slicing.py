@@ -14,7 +14,7 @@ import pytest
 
 def slices(ds: Any, size: int) -> list[list[object]]:
     """For every rank, the list of its batches."""
-    from tnt_keras import data
+    from tnt_keras.backends.tensorflow import inputs as data
 
     return [list(data.slice_batches(ds, rank, size).as_numpy_iterator()) for rank in range(size)]
 
@@ -35,7 +35,7 @@ def test_slices_cover_every_batch_once_in_order(tf: ModuleType, rows: int, batch
 
 
 def test_ragged_sparse_and_dict_elements_are_sliced_alike(tf: ModuleType) -> None:
-    from tnt_keras import data
+    from tnt_keras.backends.tensorflow import inputs as data
 
     ragged = tf.ragged.constant([[1], [2, 2], [3, 3, 3], [4], [5, 5]])
     sparse = tf.sparse.from_dense(np.diag(np.arange(1, 6, dtype=np.float32)))
@@ -48,14 +48,14 @@ def test_ragged_sparse_and_dict_elements_are_sliced_alike(tf: ModuleType) -> Non
 
 
 def test_a_batch_size_smaller_than_the_ranks_is_refused_up_front(tf: ModuleType) -> None:
-    from tnt_keras import data
+    from tnt_keras.backends.tensorflow import inputs as data
 
     with pytest.raises(ValueError, match="cannot be split over 3 ranks"):
         data.slice_batches(tf.data.Dataset.range(4).batch(2), 0, 3)
 
 
 def test_a_partial_batch_smaller_than_the_ranks_leaves_empty_slices(tf: ModuleType) -> None:
-    from tnt_keras import data
+    from tnt_keras.backends.tensorflow import inputs as data
 
     dense, ragged = np.arange(10.0).reshape(5, 2), tf.ragged.constant([[1]] * 5)
     sparse = tf.sparse.from_dense(np.eye(5, dtype=np.float32))

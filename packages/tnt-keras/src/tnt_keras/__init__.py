@@ -38,6 +38,6 @@ __version__ = "0.1.0"
 
 tnt_comm.init()
 if backends.current().__name__.endswith(".tensorflow"):
-    from .data import install_shuffle_seed
+    from .backends.tensorflow.inputs import install_shuffle_seed
 
     install_shuffle_seed()

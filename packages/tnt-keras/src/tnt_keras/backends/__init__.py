@@ -7,7 +7,7 @@ backend module provides:
 - ``is_dataset(x)``: whether ``x`` is an input of that backend's own that arrives batched with the
   global batch size (``tf.data.Dataset``; a torch ``DataLoader`` or a ``keras.utils.PyDataset``);
 - ``distribute(x, y, sample_weight, batch_size, *, rank, size, shuffle, distribute, micro_batch_size,
-  what)``: what this rank hands to Keras: its slice of every global batch (``data.py`` states the rule);
+  what)``: what this rank hands to Keras: its slice of every global batch (``slicing.py`` states the rule);
 - ``global_batch_size(ds)``: the global batch size of what ``distribute`` returned, where known;
 - ``build(model, ds)`` and ``build_for_predict(model, ds)``: create the variables from the data's shapes;
 - ``install_hooks(model, size)``: the gradient sum and the empty-slice guard (idempotent);

@@ -19,9 +19,9 @@ import numpy as np
 import tensorflow as tf
 import tnt_comm
 
-from . import ops
-from .runtime import fusion_threshold_bytes
-from .variables import check_optimizer, model_optimizers
+from ... import ops
+from ...runtime import fusion_threshold_bytes
+from ...variables import check_optimizer, model_optimizers
 
 
 class StepState(threading.local):
@@ -79,7 +79,7 @@ def sum_gradients(grads: Sequence[Any], fraction: Any, threshold: int) -> list[A
     from embedding lookups) by gathering every rank's rows.
 
     A rank with an empty slice has ``fraction`` 0 and may have NaN gradients (BatchNormalization
-    over no samples, see ``empty_slices.py``): its contribution is 0, never 0 * NaN.
+    over no samples, see ``steps.py``): its contribution is 0, never 0 * NaN.
     """
     dense = [None if isinstance(g, tf.IndexedSlices) or g is None else tf.convert_to_tensor(g) for g in grads]
     summed = sum_buckets(dense, plan_buckets(dense, threshold), fraction)

@@ -1,6 +1,6 @@
 """The TensorFlow backend: tnt-keras' TensorFlow op sums gradients inside the traced train step
-(``reduce.py``, ``ops/``), ``tf.data`` pipelines are sliced per rank inside the graph (``data.py``),
-and a step on an empty slice is undone by graph conditionals (``empty_slices.py``)."""
+(``gradients.py``, ``ops/``), ``tf.data`` pipelines are sliced per rank inside the graph (``inputs.py``),
+and a step on an empty slice is undone by graph conditionals (``steps.py``)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from .. import data, empty_slices, reduce
-from . import reraised
+from .. import reraised
+from . import gradients, inputs, steps
 
 # Where tnt-keras' TensorFlow op puts tnt-comm's error, as data (ops/tnt_ops.cc: kErrorPayload).
 _ERROR_PAYLOAD = "tnt_comm.error"
@@ -69,21 +69,21 @@ def distribute(
             )
         if y is not None or sample_weight is not None:
             raise ValueError("tnt: with a tf.data.Dataset, y and sample_weight come from the dataset")
-    elif data.is_array_like(x):
+    elif inputs.is_array_like(x):
         if micro_batch_size is not None:
             batch_size = micro_batch_size * size
             micro_batch_size = None
-        x = data.arrays_to_dataset(x, y, sample_weight, batch_size, shuffle)
+        x = inputs.arrays_to_dataset(x, y, sample_weight, batch_size, shuffle)
     else:
         raise TypeError(
             f"tnt: {what} takes a tf.data.Dataset batched with the global batch size, or numpy arrays with "
             f"batch_size; got {type(x).__name__}. Wrap generators with tf.data.Dataset.from_generator."
         )
-    return data.prepare(x, rank, size, distribute=distribute, micro_batch_size=micro_batch_size, what=what)
+    return inputs.prepare(x, rank, size, distribute=distribute, micro_batch_size=micro_batch_size, what=what)
 
 
 def global_batch_size(ds: Any) -> int | None:
-    return data.static_batch_size(ds._input_dataset) if hasattr(ds, "_input_dataset") else None
+    return inputs.static_batch_size(ds._input_dataset) if hasattr(ds, "_input_dataset") else None
 
 
 def build(model: keras.Model, ds: tf.data.Dataset) -> None:
@@ -103,18 +103,18 @@ def build_for_predict(model: keras.Model, ds: tf.data.Dataset) -> None:
 
 
 def install_hooks(model: keras.Model, size: int) -> None:
-    reduce.install_gradient_sum(model, size)
-    empty_slices.install(model, size)
+    gradients.install_gradient_sum(model, size)
+    steps.install(model, size)
 
 
 def summed_values(variables: list[Any]) -> list[Any]:
     """The values of ``variables`` (metric states) summed over ranks, one fused collective per dtype;
     a rank whose slice of this step is empty adds the values from before the step."""
-    values = empty_slices.contributed(variables)
+    values = steps.contributed(variables)
     by_dtype: dict[tf.DType, list[int]] = {}
     for i, value in enumerate(values):
         by_dtype.setdefault(value.dtype, []).append(i)
-    return reduce.sum_buckets(values, list(by_dtype.values()))
+    return gradients.sum_buckets(values, list(by_dtype.values()))
 
 
 def to_numpy(x: Any) -> np.ndarray:

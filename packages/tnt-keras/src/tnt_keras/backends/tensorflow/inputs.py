@@ -5,7 +5,7 @@ Rank ``r`` of ``N`` takes rows ``[start_r, start_r + b_r)`` of a batch of ``B`` 
 batch as it comes: partial last batches and ``B`` not divisible by ``N`` stay exact, and every rank
 runs the same number of steps. (``rebatch().shard()`` would give wrong rows and unequal step counts
 whenever the last batch is partial.) A partial last batch of fewer than ``N`` samples leaves ranks
-``B..N-1`` an empty slice; ``empty_slices.py`` makes such a step change nothing there.
+``B..N-1`` an empty slice; ``steps.py`` makes such a step change nothing there.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from .runtime import logger
-from .slicing import DEFAULT_SHUFFLE_SEED, too_small
+from ...runtime import logger
+from ...slicing import DEFAULT_SHUFFLE_SEED, too_small
 
 # Transformations that keep the batch structure of their input; we look through them for a batch.
 _ELEMENTWISE = (

@@ -7,7 +7,7 @@ nothing and writes them into its moving statistics, a loss that is a plain mean 
 NaN, and so are some gradients. So on such a rank, and for that step only:
 
 - its gradients enter the sum multiplied by its share of the batch, 0, by the rule of
-  ``tf.math.multiply_no_nan`` (``reduce.py``, ``ops.start_fused_sum``): zero even where a gradient is NaN;
+  ``tf.math.multiply_no_nan`` (``gradients.py``, ``ops.start_fused_sum``): zero even where a gradient is NaN;
 - its metric states enter the global sums (``metrics.py``) with their values from before the step;
 - after the step, the model's non-trainable variables (BatchNormalization's moving statistics,
   random seed states, ...) and its metric variables take their values from before the step back.
@@ -28,7 +28,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from .variables import unique_variables
+from ...variables import unique_variables
 
 _STEPS = ("train_step", "test_step")
 
