@@ -60,3 +60,24 @@ def test_a_bad_threshold_is_named(monkeypatch: pytest.MonkeyPatch, raw: str) -> 
 
     with pytest.raises(ValueError, match="TNT_FUSION_THRESHOLD_KB"):
         runtime.fusion_threshold_bytes()
+
+
+def test_packed_buckets_sum_as_the_op_does(tf: ModuleType) -> None:
+    """Where the process sees a GPU, each bucket is packed into one tensor before the op (one copy to
+    the host per bucket); the packing runs here on the CPU and must give the op's own results
+    bitwise, NaN of an empty slice (scale 0) included. (Its placement on a GPU is untested here.)"""
+    import numpy as np
+    from tnt_keras.backends.tensorflow import gradients as reduce
+
+    rng = np.random.default_rng(0)
+    tensors = [tf.constant(rng.normal(size=shape).astype("float32")) for shape in ((3, 4), (5,), (2, 2, 2))]
+    tensors.append(tf.constant([np.nan, 1.0], dtype="float32"))
+    buckets = [[3, 2], [1, 0]]
+    for scale in (None, tf.constant(0.25), tf.constant(0.0)):
+        plain = reduce.sum_buckets(tensors, buckets, scale, pack=False)
+        packed = reduce.sum_buckets(tensors, buckets, scale, pack=True)
+        for a, b in zip(plain, packed, strict=True):
+            assert a.shape == b.shape
+            assert np.array_equal(a.numpy(), b.numpy(), equal_nan=True)
+    zero = reduce.sum_buckets(tensors, buckets, tf.constant(0.0), pack=True)
+    assert not np.isnan(zero[3].numpy()).any()

@@ -59,18 +59,44 @@ def plan_buckets(grads: Sequence[Any], threshold: int) -> list[list[int]]:
     return [[order[j] for j in bucket] for bucket in tnt_comm.plan_buckets(counts, dtypes, threshold)]
 
 
-def sum_buckets(tensors: Sequence[Any], buckets: Sequence[Sequence[int]], scale: Any = None) -> list[Any]:
+def packs_buckets() -> bool:
+    """Whether buckets are packed into one tensor before the op: where this process sees a GPU. The
+    op has CPU kernels only, so TensorFlow copies each of its inputs to the host and each output back;
+    one tensor per bucket, built (and scaled) where the gradients are, makes that one copy each way
+    per bucket instead of one per gradient. On CPUs the op packs into the collective's buffer itself,
+    which saves the extra pass."""
+    return bool(tf.config.list_logical_devices("GPU"))
+
+
+def sum_buckets(
+    tensors: Sequence[Any], buckets: Sequence[Sequence[int]], scale: Any = None, pack: bool | None = None
+) -> list[Any]:
     """Sums ``tensors`` (each times ``scale``, if given) across ranks, one fused collective per
-    bucket of indices (all of one dtype); other entries come back unchanged.
+    bucket of indices (all of one dtype); other entries come back unchanged. ``pack`` (default:
+    ``packs_buckets()``) first concatenates each bucket into one tensor.
 
     Every bucket starts before any is waited for, so each starts as soon as its tensors exist.
     """
-    pending = [(b, ops.start_fused_sum([tensors[i] for i in b], scale)) for b in buckets]
+    if pack is None:
+        pack = packs_buckets()
+    pending = [(b, _start(tensors, b, scale, pack)) for b in buckets]
     out = list(tensors)
-    for bucket, started in pending:
-        for i, summed in zip(bucket, ops.finish_fused(started), strict=True):
-            out[i] = summed
+    for bucket, (started, shapes) in pending:
+        summed = ops.finish_fused(started)
+        if shapes is not None:  # packed: the one sum, cut back into the bucket's tensors
+            sizes = [int(np.prod(shape)) for shape in shapes]
+            summed = [tf.reshape(part, shape) for part, shape in zip(tf.split(summed[0], sizes), shapes, strict=True)]
+        for i, result in zip(bucket, summed, strict=True):
+            out[i] = result
     return out
+
+
+def _start(tensors: Sequence[Any], bucket: Sequence[int], scale: Any, pack: bool) -> tuple[ops.FusedPending, Any]:
+    chosen = [tf.convert_to_tensor(tensors[i]) for i in bucket]
+    if not pack or not all(t.shape.is_fully_defined() for t in chosen):
+        return ops.start_fused_sum(chosen, scale), None
+    parts = [tf.reshape(t if scale is None else ops.scaled(t, scale), [-1]) for t in chosen]
+    return ops.start_fused_sum([tf.concat(parts, axis=0)]), [t.shape for t in chosen]
 
 
 def sum_gradients(grads: Sequence[Any], fraction: Any, threshold: int) -> list[Any]:
