@@ -4,12 +4,20 @@
 trains one of the benchmark's models (see ``MODELS``: a LeNet-5-like CNN, Keras' ResNet-50, a
 Transformer encoder) on synthetic data for ``1 + R`` epochs of ``M`` steps each, in one ``fit``:
 epoch 0 is the warm-up (tracing, first touches of memory; tnt broadcasts before it) and is not
-reported; epochs 1..R are the timed rounds. MODE is one of
+reported; epochs 1..R are the timed rounds. Keras' backend is ``KERAS_BACKEND`` (the driver sets it:
+``tensorflow`` or ``torch``). MODE is one of
 
 - ``keras``: plain Keras, one process, no tnt and no distribution strategy;
 - ``tnt``: ``tnt_keras.Model`` around the same model; started by ``tnt-launch`` (1 or 2 ranks), or
   without the launcher's environment as a single rank;
-- ``mwms``: ``tf.distribute.MultiWorkerMirroredStrategy``; the driver sets ``TF_CONFIG``.
+- ``mwms`` (TensorFlow only): ``tf.distribute.MultiWorkerMirroredStrategy``; the driver sets
+  ``TF_CONFIG``.
+- ``ddp`` (torch only): the same Keras model (a ``torch.nn.Module`` on the torch backend) wrapped in
+  ``torch.nn.parallel.DistributedDataParallel`` over Gloo, trained by a plain torch loop (Keras'
+  recipe in its guide "Multi-GPU distributed training with PyTorch"): forward, the Keras loss,
+  backward, ``torch.optim.SGD``; each process on its half of every global batch. The driver sets
+  ``torch.distributed``'s ``env://`` variables (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``,
+  ``WORLD_SIZE``).
 - ``solo``: plain Keras on this process's share of every global batch (the rows rank ``BENCH_RANK``
   of ``BENCH_SIZE`` would get), with no communication at all. The driver starts ``BENCH_SIZE`` of
   them at once: what the machine can do for that many ranks when communication were free.
@@ -39,13 +47,14 @@ MARKER = "_training_worker.py"
 RESULT_PREFIX = "TRAINING_RESULT "
 
 CLASSES = 10
+LEARNING_RATE = 0.01  # SGD, every configuration
 # The Transformer encoder: about as many parameters as ResNet-50 (23.0M against 23.6M).
 VOCAB, SEQUENCE, WIDTH, HEADS, FEED_FORWARD, BLOCKS = 8000, 32, 512, 8, 2048, 6
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["keras", "tnt", "mwms", "solo"])
+    parser.add_argument("mode", choices=["keras", "tnt", "mwms", "ddp", "solo"])
     parser.add_argument("--model", choices=list(MODELS), default="lenet")
     parser.add_argument("--steps", type=int, default=100, help="steps per epoch (per round)")
     parser.add_argument("--rounds", type=int, default=5, help="timed epochs after the warm-up epoch")
@@ -202,10 +211,9 @@ MODELS = {
 }
 
 
-def dataset(tf: object, spec: ModelSpec, args: argparse.Namespace, shard_policy: object = None) -> object:
-    """The same synthetic data for every configuration: inputs (uniform [0, 1) floats, or uniform
-    token ids) and random labels from a fixed seed, batched with the GLOBAL batch size, cached in
-    memory and repeated."""
+def synthetic(spec: ModelSpec, args: argparse.Namespace) -> tuple[object, object]:
+    """``args.samples`` inputs (uniform [0, 1) floats, or uniform token ids) and random labels, from a
+    fixed seed: the same for every configuration and backend."""
     import numpy as np
 
     rng = np.random.default_rng(args.seed)
@@ -214,6 +222,14 @@ def dataset(tf: object, spec: ModelSpec, args: argparse.Namespace, shard_policy:
     else:
         x = rng.random((args.samples, *spec.input_shape), dtype=np.float32)
     y = rng.integers(0, CLASSES, size=args.samples, dtype=np.int64)
+    return x, y
+
+
+def dataset(tf: object, spec: ModelSpec, args: argparse.Namespace, shard_policy: object = None) -> object:
+    """The same synthetic data for every configuration: inputs (uniform [0, 1) floats, or uniform
+    token ids) and random labels from a fixed seed, batched with the GLOBAL batch size, cached in
+    memory and repeated."""
+    x, y = synthetic(spec, args)
     data = tf.data  # type: ignore[attr-defined]
     ds = data.Dataset.from_tensor_slices((x, y)).batch(args.batch, drop_remainder=True).cache().repeat()
     if shard_policy is not None:
@@ -236,6 +252,33 @@ def machine_busy_seconds() -> float:
     return busy / os.sysconf("SC_CLK_TCK")
 
 
+class EpochClock:
+    """Wall, process CPU and machine CPU time of one epoch after another: ``begin()`` at its start,
+    ``end(loss)`` at its end, which appends the epoch's record to ``records`` and a line to
+    ``BENCH_DIR/<tag>.jsonl`` (the driver's progress signal)."""
+
+    def __init__(self, bench_dir: Path | None, tag: str) -> None:
+        self.bench_dir, self.tag = bench_dir, tag
+        self.records: list[dict[str, float]] = []
+        self.start = (0.0, 0.0, 0.0)
+
+    def begin(self) -> None:
+        self.start = time.perf_counter(), time.process_time(), machine_busy_seconds()
+
+    def end(self, loss: float | None) -> None:
+        wall, cpu, busy = time.perf_counter(), time.process_time(), machine_busy_seconds()
+        record = {
+            "seconds": wall - self.start[0],
+            "cpu_seconds": cpu - self.start[1],
+            "machine_busy_seconds": busy - self.start[2],
+            "loss": math.nan if loss is None else float(loss),
+        }
+        self.records.append(record)
+        if self.bench_dir is not None:
+            with (self.bench_dir / f"{self.tag}.jsonl").open("a") as out:
+                out.write(json.dumps({"epoch": len(self.records) - 1, **record}) + "\n")
+
+
 def time_epochs(keras: object, bench_dir: Path | None, tag: str) -> list[dict[str, float]]:
     """Records wall, process CPU and machine CPU time of every epoch of the ``fit`` that follows.
 
@@ -247,33 +290,21 @@ def time_epochs(keras: object, bench_dir: Path | None, tag: str) -> list[dict[st
     with ``verbose=0`` and no callbacks in every configuration. The epoch ends after Keras' own
     ``on_epoch_end``, which first waits for the asynchronous batch callbacks of the epoch.
     """
-    records: list[dict[str, float]] = []
+    clock = EpochClock(bench_dir, tag)
     callback_list = keras.callbacks.CallbackList  # type: ignore[attr-defined]
     begin, end = callback_list.on_epoch_begin, callback_list.on_epoch_end
-    start = [0.0, 0.0, 0.0]
 
     def on_epoch_begin(self: object, epoch: int, logs: dict | None = None) -> None:
-        start[:] = time.perf_counter(), time.process_time(), machine_busy_seconds()
+        clock.begin()
         begin(self, epoch, logs)
 
     def on_epoch_end(self: object, epoch: int, logs: dict | None = None) -> None:
         end(self, epoch, logs)
-        wall, cpu, busy = time.perf_counter(), time.process_time(), machine_busy_seconds()
-        loss = (logs or {}).get("loss")
-        record = {
-            "seconds": wall - start[0],
-            "cpu_seconds": cpu - start[1],
-            "machine_busy_seconds": busy - start[2],
-            "loss": math.nan if loss is None else float(loss),
-        }
-        records.append(record)
-        if bench_dir is not None:
-            with (bench_dir / f"{tag}.jsonl").open("a") as out:
-                out.write(json.dumps({"epoch": epoch, **record}) + "\n")
+        clock.end((logs or {}).get("loss"))
 
     callback_list.on_epoch_begin = on_epoch_begin
     callback_list.on_epoch_end = on_epoch_end
-    return records
+    return clock.records
 
 
 def env_rank(mode: str) -> int:
@@ -284,7 +315,14 @@ def env_rank(mode: str) -> int:
         return int(os.environ.get("BENCH_RANK", "0"))
     if mode == "mwms":
         return int(json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index", 0))
+    if mode == "ddp":
+        return int(os.environ.get("RANK", "0"))
     return 0
+
+
+def backend() -> str:
+    """Keras' backend for this process, from the environment (the driver always sets it)."""
+    return os.environ.get("KERAS_BACKEND", "tensorflow")
 
 
 def main() -> int:
@@ -296,6 +334,10 @@ def main() -> int:
         (bench_dir / f"{args.mode}.r{env_rank(args.mode)}.pid").write_text(str(os.getpid()))
     # Keras warns on every fit that shuffle=True does not apply to a tf.data.Dataset.
     warnings.filterwarnings("ignore", message=".*`shuffle=True` was passed.*")
+    if backend() == "torch":
+        return main_torch(args, bench_dir, started)
+    if args.mode == "ddp":
+        raise SystemExit("worker: mode ddp needs KERAS_BACKEND=torch")
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
@@ -326,7 +368,7 @@ def main() -> int:
     spec = MODELS[args.model]
     keras.utils.set_random_seed(args.seed)
     compile_args = {
-        "optimizer": keras.optimizers.SGD(learning_rate=0.01),
+        "optimizer": keras.optimizers.SGD(learning_rate=LEARNING_RATE),
         "loss": "sparse_categorical_crossentropy",
         "metrics": ["accuracy"],
     }
@@ -383,6 +425,158 @@ def main() -> int:
         print(RESULT_PREFIX + json.dumps(result), flush=True)
     if strategy is not None and rank == 0:
         wait_for_other_workers(bench_dir, args.mode, size)
+    return 0
+
+
+# --- the torch backend -----------------------------------------------------------------------------
+
+
+def configure_torch_threads(torch: object) -> None:
+    """Sets torch's intra-op pool to ``MKL_NUM_THREADS``, else ``OMP_NUM_THREADS``, where set (what
+    torch reads at start anyway; tnt-launch sets both to the cores per rank, the driver does the same
+    for the DDP and ceiling processes). Unset, torch's default applies (one thread per core)."""
+    count = os.environ.get("MKL_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")
+    if count:
+        torch.set_num_threads(int(count))  # type: ignore[attr-defined]
+
+
+def cached_batches(keras: object, x: object, y: object, args: argparse.Namespace, rank: int, size: int) -> object:
+    """A ``keras.utils.PyDataset`` of ``args.steps`` batches: the global batches of ``args.batch``
+    rows of ``(x, y)`` in order, repeated, each cut to the rows rank ``rank`` of ``size`` takes (the
+    slicing rule of docs/design.md; all of them for ``size`` 1). Batches are views of the arrays, so
+    that input costs next to nothing, as with the TensorFlow backend's cached ``tf.data``."""
+    per_pass = len(x) // args.batch  # type: ignore[arg-type]
+    base, extra = divmod(args.batch, size)
+    start, count = rank * base + min(rank, extra), base + (1 if rank < extra else 0)
+
+    class CachedBatches(keras.utils.PyDataset):  # type: ignore[attr-defined, name-defined, misc]
+        def __len__(self) -> int:
+            return args.steps
+
+        def __getitem__(self, i: int) -> tuple[object, object]:
+            begin = (i % per_pass) * args.batch + start
+            return x[begin : begin + count], y[begin : begin + count]  # type: ignore[index]
+
+    return CachedBatches()
+
+
+def train_ddp(
+    keras: object, torch: object, model: object, batches: object, args: argparse.Namespace, clock: EpochClock
+) -> None:
+    """Keras' DDP recipe: the Keras model in ``DistributedDataParallel`` (which broadcasts rank 0's
+    weights when it wraps it), a plain loop of ``zero_grad``, forward, the Keras loss, backward
+    (where DDP averages the gradients over the ranks, overlapped with backward, in 25 MB buckets),
+    ``torch.optim.SGD.step``. Epochs are timed like ``fit``'s; an epoch's loss is the mean over its
+    steps and the ranks (one allreduce after the epoch's clock stopped)."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    ddp = DistributedDataParallel(model)
+    trainable = [p for p in model.parameters() if p.requires_grad]  # type: ignore[attr-defined]
+    optimizer = torch.optim.SGD(trainable, lr=LEARNING_RATE)  # type: ignore[attr-defined]
+    loss_fn = keras.losses.SparseCategoricalCrossentropy()  # type: ignore[attr-defined]
+    data = [
+        tuple(torch.from_numpy(a) for a in batches[i])  # type: ignore[attr-defined, index]
+        for i in range(len(batches))  # type: ignore[arg-type]
+    ]
+    for _ in range(1 + args.rounds):
+        total = torch.zeros((), dtype=torch.float64)  # type: ignore[attr-defined]
+        clock.begin()
+        for step in range(args.steps):
+            x, y = data[step % len(data)]
+            optimizer.zero_grad(set_to_none=True)
+            loss = loss_fn(y, ddp(x, training=True))
+            loss.backward()
+            optimizer.step()
+            total += loss.detach()
+        clock.end(None)
+        dist.all_reduce(total)
+        clock.records[-1]["loss"] = float(total) / (args.steps * dist.get_world_size())
+
+
+def main_torch(args: argparse.Namespace, bench_dir: Path | None, started: float) -> int:
+    """The worker on Keras' torch backend: modes keras, tnt, ddp and solo."""
+    if args.mode == "mwms":
+        raise SystemExit("worker: MultiWorkerMirroredStrategy needs KERAS_BACKEND=tensorflow")
+    import torch
+
+    configure_torch_threads(torch)
+    import keras
+
+    tnt = None
+    rank, size = 0, 1
+    if args.mode == "tnt":
+        import tnt_keras as tnt
+
+        rank, size = int(tnt.get_rank()), int(tnt.get_size())
+    elif args.mode == "solo":
+        rank, size = env_rank("solo"), int(os.environ.get("BENCH_SIZE", "1"))
+    elif args.mode == "ddp":
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method="env://")
+        rank, size = dist.get_rank(), dist.get_world_size()
+    tag = f"{args.mode}.r{rank}"
+
+    spec = MODELS[args.model]
+    keras.utils.set_random_seed(args.seed)
+    x, y = synthetic(spec, args)
+    model = spec.build(keras)
+    # keras and tnt: global batches (tnt slices them per rank itself); solo and ddp: this process's rows
+    # of every global batch.
+    sliced = args.mode in ("solo", "ddp")
+    batches = cached_batches(keras, x, y, args, rank if sliced else 0, size if sliced else 1)
+    clock = EpochClock(bench_dir, tag)
+    fit_start = time.perf_counter()
+    if args.mode == "ddp":
+        train_ddp(keras, torch, model, batches, args, clock)
+        records = clock.records
+    else:
+        if tnt is not None:
+            model = tnt.Model(model)
+        model.compile(
+            optimizer=keras.optimizers.SGD(learning_rate=LEARNING_RATE),
+            loss="sparse_categorical_crossentropy",
+            metrics=["accuracy"],
+        )
+        records = time_epochs(keras, bench_dir, tag)
+        model.fit(batches, epochs=1 + args.rounds, steps_per_epoch=args.steps, shuffle=False, verbose=0)
+    fit_seconds = time.perf_counter() - fit_start
+    result = {
+        "mode": args.mode,
+        "model": args.model,
+        "backend": "torch",
+        "parameters": int(model.count_params()),
+        "rank": rank,
+        "size": size,
+        "pid": os.getpid(),
+        "batch": args.batch,
+        "steps": args.steps,
+        "warmup": records[:1],
+        "rounds": records[1:],
+        "fit_seconds": fit_seconds,
+        "process_seconds": time.perf_counter() - started,
+        "threads": {
+            "backend": "torch",
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+            "MKL_NUM_THREADS": os.environ.get("MKL_NUM_THREADS"),
+            "intra_op": torch.get_num_threads(),
+            "inter_op": torch.get_num_interop_threads(),
+            "cpus": len(os.sched_getaffinity(0)),
+        },
+        "tensorflow_imported": "tensorflow" in sys.modules,
+        "versions": {
+            "torch": torch.__version__,
+            "keras": keras.__version__,
+            **({"tnt_keras": getattr(tnt, "__version__", "?")} if tnt is not None else {}),
+        },
+    }
+    if bench_dir is not None:
+        (bench_dir / f"{tag}.json").write_text(json.dumps(result))
+    if rank == 0:
+        print(RESULT_PREFIX + json.dumps(result), flush=True)
+    if args.mode == "ddp":
+        dist.destroy_process_group()
     return 0
 
 

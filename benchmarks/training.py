@@ -1,17 +1,21 @@
-"""Training throughput benchmark: tnt_keras against plain Keras and MultiWorkerMirroredStrategy.
+"""Training throughput benchmark: tnt_keras against plain Keras, MultiWorkerMirroredStrategy and torch DDP.
 
 Trains each of three models on synthetic data (SGD, sparse categorical crossentropy): a LeNet-5-like
 CNN (61.7k parameters, global batch 256), Keras' ResNet-50 on 32x32 images (23.6M parameters,
-batch 16) and a Transformer encoder (23.0M parameters, 32 tokens, batch 16). Every model runs in
-five configurations, each in fresh processes started by this driver one after the other: plain
-Keras in one process, tnt with 1 rank and with 2 ranks (through ``tnt-launch``),
-tf.distribute.MultiWorkerMirroredStrategy with 2 workers, and the machine's ceiling for 2 ranks:
-two plain Keras processes, each on half of every batch, with no communication. Prints, per model,
-the median throughput in global samples per second, its spread and the step time and the check of
-tnt's targets, then a summary of all targets, and writes one bar chart panel per model.
+batch 16) and a Transformer encoder (23.0M parameters, 32 tokens, batch 16), on Keras' TensorFlow
+backend (``--backend tensorflow``, the default) or its torch backend (``--backend torch``). Every
+model runs in five configurations, each in fresh processes started by this driver one after the
+other: plain Keras in one process, tnt with 1 rank and with 2 ranks (through ``tnt-launch``), a
+2-process competitor (TensorFlow: tf.distribute.MultiWorkerMirroredStrategy with 2 workers; torch:
+torch.nn.parallel.DistributedDataParallel over Gloo around the same Keras model, Keras' own recipe),
+and the machine's ceiling for 2 ranks: two plain Keras processes, each on half of every batch, with
+no communication. Prints, per model, the median throughput in global samples per second, its
+spread and the step time and the check of tnt's targets, then a summary of all targets, and writes
+one bar chart panel per model.
 
-    python benchmarks/training.py [--models lenet resnet50 transformer] [--quick] [--passes P]
-                                  [--rounds R] [--steps M] [--configs keras tnt1 tnt2 mwms ceiling]
+    python benchmarks/training.py [--backend tensorflow|torch] [--models lenet resnet50 transformer]
+                                  [--quick] [--passes P] [--rounds R] [--steps M]
+                                  [--configs keras tnt1 tnt2 mwms|ddp ceiling]
                                   [--out docs/training.png] [--json docs/training.json]
 
 See benchmarks/README.md for how the timing is done.
@@ -42,8 +46,11 @@ REPO = HERE.parent
 WORKER = HERE / "_training_worker.py"
 TNT_KERAS_SRC = REPO / "packages" / "tnt-keras" / "src"
 
+BACKENDS = ("tensorflow", "torch")
 # Thread settings are part of each configuration (see thread_env); inherited ones would blur them.
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
+# torch.distributed's env:// rendezvous, set by the driver for the DDP processes only.
+TORCH_DIST_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 # The launcher's contract: a leftover from the calling shell must not turn a worker into a rank.
 CONTRACT_VARIABLES = contract.IDENTITY
 
@@ -52,6 +59,7 @@ CONTRACT_VARIABLES = contract.IDENTITY
 RATIOS = {
     "keras": "tnt 2 ranks / plain Keras 1 process",
     "mwms": "tnt 2 ranks / MWMS 2 workers",
+    "ddp": "tnt 2 ranks / torch DDP-gloo 2 procs",
     "ceiling": "tnt 2 ranks / ceiling (2 procs, no comm)",
     "overhead": "tnt 1 rank step time over plain Keras",
 }
@@ -71,15 +79,31 @@ class Bench:
     timeout: float  # stall timeout of one start, in seconds
     # ratio key (see RATIOS) -> bar: at least that for samples/s ratios, below it for the overhead
     targets: dict[str, float]
+    # the same on the torch backend
+    torch_targets: dict[str, float] = field(default_factory=dict)
+
+    def bars(self, backend: str) -> dict[str, float]:
+        return self.torch_targets if backend == "torch" else self.targets
 
 
+# Issue 28, section 3: the bars on the torch backend, for every model.
+TORCH_TARGETS = {"ceiling": 0.95, "ddp": 1.5, "overhead": 3.0}
 BENCHES = {
     # Issue 11's first targets, on a model too small to stress fusion or overlap.
-    "lenet": Bench("LeNet-5", 256, 100, 5, 4096, 120.0, {"keras": 1.5, "mwms": 2.0, "overhead": 3.0}),
+    "lenet": Bench("LeNet-5", 256, 100, 5, 4096, 120.0, {"keras": 1.5, "mwms": 2.0, "overhead": 3.0}, TORCH_TARGETS),
     # Issue 11, section 6: 25M-parameter models, with a step of about a second on 2 cores.
-    "resnet50": Bench("ResNet-50, 32x32x3", 16, 5, 3, 256, 600.0, {"ceiling": 0.95, "mwms": 1.5, "overhead": 3.0}),
+    "resnet50": Bench(
+        "ResNet-50, 32x32x3", 16, 5, 3, 256, 600.0, {"ceiling": 0.95, "mwms": 1.5, "overhead": 3.0}, TORCH_TARGETS
+    ),
     "transformer": Bench(
-        "Transformer encoder, 6 x 512, 32 tokens", 16, 5, 3, 256, 600.0, {"ceiling": 0.95, "mwms": 1.5, "overhead": 3.0}
+        "Transformer encoder, 6 x 512, 32 tokens",
+        16,
+        5,
+        3,
+        256,
+        600.0,
+        {"ceiling": 0.95, "mwms": 1.5, "overhead": 3.0},
+        TORCH_TARGETS,
     ),
 }
 
@@ -91,17 +115,24 @@ class Config:
     mode: str  # the worker's MODE
     ranks: int
     launcher: bool  # started through tnt-launch
+    backends: tuple[str, ...] = BACKENDS  # where it exists
 
 
 CONFIGS = [
     Config("keras", "plain Keras, 1 process", "keras", 1, False),
     Config("tnt1", "tnt, 1 rank", "tnt", 1, True),
     Config("tnt2", "tnt, 2 ranks", "tnt", 2, True),
-    Config("mwms", "MWMS, 2 workers", "mwms", 2, False),
+    Config("mwms", "MWMS, 2 workers", "mwms", 2, False, ("tensorflow",)),
+    Config("ddp", "torch DDP (gloo), 2 procs", "ddp", 2, False, ("torch",)),
     # Not a competitor: two plain Keras processes, each on half of every batch, never talking.
     Config("ceiling", "ceiling: 2 procs, no comm", "solo", 2, False),
 ]
 BY_KEY = {c.key: c for c in CONFIGS}
+
+
+def backend_configs(backend: str) -> list[str]:
+    """The configurations that exist on ``backend``, in table order."""
+    return [c.key for c in CONFIGS if backend in c.backends]
 
 
 @dataclass
@@ -182,13 +213,15 @@ def missing(config: Config) -> str | None:
     return None
 
 
-def base_env(workdir: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in THREAD_VARIABLES + CONTRACT_VARIABLES}
+def base_env(workdir: Path, backend: str = "tensorflow") -> dict[str, str]:
+    drop = THREAD_VARIABLES + CONTRACT_VARIABLES + TORCH_DIST_VARIABLES
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     env.pop("TF_CONFIG", None)
     env.update(
         PYTHONUNBUFFERED="1",
         TF_CPP_MIN_LOG_LEVEL=env.get("TF_CPP_MIN_LOG_LEVEL", "2"),
         CUDA_VISIBLE_DEVICES="",
+        KERAS_BACKEND=backend,
         BENCH_DIR=str(workdir),
     )
     try:
@@ -200,11 +233,15 @@ def base_env(workdir: Path) -> dict[str, str]:
     return env
 
 
-def thread_env(ranks: int) -> dict[str, str]:
+def thread_env(ranks: int, backend: str = "tensorflow") -> dict[str, str]:
     """What tnt-launch sets for each rank unless the user did: OMP_NUM_THREADS and TF's intra-op
-    thread count, both the cores per rank. The MWMS workers get the same; plain Keras gets nothing
-    (TF's defaults: intra- and inter-op pools as large as the machine)."""
+    thread count (TensorFlow), or OMP_NUM_THREADS and MKL_NUM_THREADS, from which torch sizes its
+    intra-op pool (torch), all the cores per rank. The MWMS and DDP processes and the ceiling's get
+    the same; plain Keras gets nothing (the framework's defaults: TF's intra- and inter-op pools as
+    large as the machine, torch's intra-op pool one thread per core)."""
     threads = str(max(1, cpus() // ranks))
+    if backend == "torch":
+        return {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     return {"OMP_NUM_THREADS": threads, "TF_NUM_INTRAOP_THREADS": threads}
 
 
@@ -219,7 +256,7 @@ def commands(config: Config, args: argparse.Namespace, workdir: Path) -> list[_r
         f"--samples={args.samples}",
         f"--seed={args.seed}",
     ]
-    env = base_env(workdir)
+    env = base_env(workdir, args.backend)
     if config.launcher:
         # The launcher sets the contract and the thread variables for every rank (unless set).
         argv = [*(tnt_launch() or []), "-n", str(config.ranks), "--no-gpu"]
@@ -228,9 +265,24 @@ def commands(config: Config, args: argparse.Namespace, workdir: Path) -> list[_r
     if config.mode == "keras":
         return [_ranks.Command([sys.executable, *script], env)]
     if config.mode == "solo":
-        shared = {**env, **thread_env(config.ranks), "BENCH_SIZE": str(config.ranks)}
+        shared = {**env, **thread_env(config.ranks, args.backend), "BENCH_SIZE": str(config.ranks)}
         return [
             _ranks.Command([sys.executable, *script], {**shared, "BENCH_RANK": str(r)}) for r in range(config.ranks)
+        ]
+    if config.mode == "ddp":
+        # torch.distributed's env:// rendezvous on a free localhost port; Gloo over the loopback device.
+        shared = {
+            **env,
+            **thread_env(config.ranks, args.backend),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(_ranks.free_port()),
+            "WORLD_SIZE": str(config.ranks),
+            "LOCAL_WORLD_SIZE": str(config.ranks),
+            "GLOO_SOCKET_IFNAME": env.get("GLOO_SOCKET_IFNAME", "lo"),
+        }
+        return [
+            _ranks.Command([sys.executable, *script], {**shared, "RANK": str(r), "LOCAL_RANK": str(r)})
+            for r in range(config.ranks)
         ]
     # MWMS: one process per worker, a cluster of localhost ports in TF_CONFIG.
     hosts = [f"127.0.0.1:{_ranks.free_port()}" for _ in range(config.ranks)]
@@ -347,6 +399,10 @@ def summarise(config: Config, runs: list[Run], args: argparse.Namespace) -> Summ
 def threads_text(config: Config, summary: Summary) -> str:
     threads = summary.threads
     intra = threads.get("intra_op") or 0
+    if threads.get("backend") == "torch":
+        if not (threads.get("OMP_NUM_THREADS") or threads.get("MKL_NUM_THREADS")):
+            return f"torch default ({intra})"
+        return f"intra-op {intra}, OMP {threads.get('OMP_NUM_THREADS')}"
     if not intra:
         return f"TF default ({threads.get('cpus', cpus())})"
     return f"intra-op {intra}, OMP {threads.get('OMP_NUM_THREADS')}"
@@ -358,13 +414,16 @@ def ratio(a: Summary | None, b: Summary | None) -> float | None:
     return a.samples_s / b.samples_s
 
 
-def checks(summaries: dict[str, Summary], bench: Bench) -> list[tuple[str, str, str, str]]:
-    """(what, measured, bar, verdict) for every ratio of RATIOS; a ratio without a bar for this model
-    is shown as context ("info")."""
+def checks(summaries: dict[str, Summary], bench: Bench, backend: str = "tensorflow") -> list[tuple[str, str, str, str]]:
+    """(what, measured, bar, verdict) for every ratio of RATIOS whose baseline exists on ``backend``;
+    a ratio without a bar for this model is shown as context ("info")."""
     rows = []
     tnt1, tnt2, keras = (summaries.get(k) for k in ("tnt1", "tnt2", "keras"))
+    targets = bench.bars(backend)
     for key, what in RATIOS.items():
-        bar = bench.targets.get(key)
+        if key in BY_KEY and backend not in BY_KEY[key].backends:
+            continue
+        bar = targets.get(key)
         if key == "overhead":
             measured = None
             if tnt1 is not None and keras is not None and tnt1.status == "ok" and keras.status == "ok":
@@ -440,10 +499,16 @@ def describe(args: argparse.Namespace, summaries: dict[str, Summary]) -> str:
     """The model, its size and the run's settings, for a table's or a plot panel's title."""
     parameters = max((s.parameters for s in summaries.values()), default=0)
     size = f", {parameters / 1e6:.1f}M parameters" if parameters >= 1e6 else f", {parameters / 1e3:.1f}k parameters"
+    on = "Keras on torch" if backend_of(args) == "torch" else "Keras on TensorFlow"
     return (
-        f"{BENCHES[args.model].title}{size if parameters else ''}, global batch {args.batch}, {cpus()} cores: "
+        f"{BENCHES[args.model].title}{size if parameters else ''}, {on}, global batch {args.batch}, {cpus()} cores: "
         f"median over {args.passes} pass(es) x {args.rounds} rounds of {args.steps} steps"
     )
+
+
+def backend_of(args: argparse.Namespace) -> str:
+    """The run's backend (runs saved before there was a choice were TensorFlow's)."""
+    return getattr(args, "backend", None) or "tensorflow"
 
 
 def versions_text(summaries: dict[str, Summary]) -> str:
@@ -464,7 +529,7 @@ def print_tables(measured: dict[str, tuple[argparse.Namespace, dict[str, Summary
         if versions:
             heading += f"\n({versions})"
         tables.append((heading, HEADERS, table_rows(summaries)))
-        check_rows = [list(r) for r in checks(summaries, BENCHES[model])]
+        check_rows = [list(r) for r in checks(summaries, BENCHES[model], backend_of(args))]
         tables.append((f"tnt targets: {BENCHES[model].title}", check_headers, check_rows))
         summary_rows += [[model, *r] for r in check_rows if r[2] != "(context)"]
     tables.append(("all targets", ["model", *check_headers], summary_rows))
@@ -494,8 +559,15 @@ def print_plain(heading: str, headers: list[str], rows: list[list[str]]) -> None
     print()
 
 
-SHORT = {"keras": "plain Keras", "mwms": "MWMS", "ceiling": "the ceiling"}
-COLORS = {"keras": "tab:gray", "tnt1": "tab:orange", "tnt2": "tab:red", "mwms": "tab:blue", "ceiling": "tab:green"}
+SHORT = {"keras": "plain Keras", "mwms": "MWMS", "ddp": "DDP-gloo", "ceiling": "the ceiling"}
+COLORS = {
+    "keras": "tab:gray",
+    "tnt1": "tab:orange",
+    "tnt2": "tab:red",
+    "mwms": "tab:blue",
+    "ddp": "tab:purple",
+    "ceiling": "tab:green",
+}
 
 
 def plot(measured: dict[str, tuple[argparse.Namespace, dict[str, Summary]]], out: Path) -> bool:
@@ -532,7 +604,7 @@ def panel(ax: object, model: str, args: argparse.Namespace, summaries: dict[str,
     keys = list(summaries)
     keras = summaries.get("keras")
     targets = []
-    for key, bar in BENCHES[model].targets.items():
+    for key, bar in BENCHES[model].bars(backend_of(args)).items():
         base = summaries.get(key)
         if key in COLORS and base is not None and base.status == "ok":
             label = f"target for tnt 2 ranks: {bar:.2f}x {SHORT[key]}"
@@ -548,7 +620,13 @@ def panel(ax: object, model: str, args: argparse.Namespace, summaries: dict[str,
         high = summary.samples_s_max - summary.samples_s
         ax.bar(i, summary.samples_s, color=COLORS[key], yerr=[[low], [high]], capsize=6)
         label = rate(summary.samples_s)
-        for name, base in (("Keras", keras), ("MWMS", summaries.get("mwms")), ("ceiling", summaries.get("ceiling"))):
+        baselines = (
+            ("Keras", keras),
+            ("MWMS", summaries.get("mwms")),
+            ("DDP", summaries.get("ddp")),
+            ("ceiling", summaries.get("ceiling")),
+        )
+        for name, base in baselines:
             versus = ratio(summary, base)
             if versus is not None and base is not summary and (name == "Keras" or key == "tnt2"):
                 label += f"\n{versus:.2f}x {name}"
@@ -570,6 +648,12 @@ def panel(ax: object, model: str, args: argparse.Namespace, summaries: dict[str,
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="tensorflow",
+        help="Keras' backend in every worker (default: tensorflow); torch runs DDP instead of MWMS",
+    )
+    parser.add_argument(
         "--models",
         nargs="+",
         choices=list(BENCHES),
@@ -580,8 +664,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--configs",
         nargs="+",
         choices=list(BY_KEY),
-        default=list(BY_KEY),
-        help="configurations to run (default: all): keras, tnt1, tnt2, mwms, ceiling",
+        default=None,
+        help="configurations to run (default: all of the backend's): keras, tnt1, tnt2, mwms (TensorFlow), "
+        "ddp (torch), ceiling",
     )
     parser.add_argument(
         "--passes",
@@ -604,7 +689,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--quick", action="store_true", help="smoke run: 1 pass, 2 rounds of a fifth of each model's steps"
     )
     parser.add_argument(
-        "--out", type=Path, default=REPO / "docs" / "training.png", help="PNG plot (default: docs/training.png)"
+        "--out",
+        type=Path,
+        default=None,
+        help="PNG plot (default: docs/training.png, with --backend torch docs/training_torch.png)",
     )
     parser.add_argument("--json", type=Path, default=None, help="also write all numbers to this JSON file")
     parser.add_argument(
@@ -614,6 +702,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="run nothing: print the tables and draw the plot from a file written by --json",
     )
     args = parser.parse_args(argv)
+    available = backend_configs(args.backend)
+    if args.configs is None:
+        args.configs = available
+    elif any(c not in available for c in args.configs):
+        parser.error(f"--backend {args.backend} runs only the configurations {', '.join(available)}")
+    if args.out is None:
+        args.out = REPO / "docs" / ("training_torch.png" if args.backend == "torch" else "training.png")
     if args.quick:
         args.passes, args.rounds = 1, 2
     given = [v for v in (args.rounds, args.steps, args.batch, args.samples) if v is not None]
@@ -673,7 +768,7 @@ def run_all(args: argparse.Namespace) -> dict[str, list[Run]]:
     return results
 
 
-SETTINGS = ("model", "passes", "rounds", "steps", "batch", "samples", "seed", "timeout")
+SETTINGS = ("model", "backend", "passes", "rounds", "steps", "batch", "samples", "seed", "timeout")
 
 
 def from_json(path: Path) -> dict[str, tuple[argparse.Namespace, dict[str, Summary]]]:
@@ -681,7 +776,9 @@ def from_json(path: Path) -> dict[str, tuple[argparse.Namespace, dict[str, Summa
     payload = json.loads(path.read_text())
     return {
         model: (
-            argparse.Namespace(**{k: saved["settings"][k] for k in SETTINGS}),
+            argparse.Namespace(
+                **{k: saved["settings"].get(k, "tensorflow" if k == "backend" else None) for k in SETTINGS}
+            ),
             {key: Summary(**fields) for key, fields in saved["summaries"].items()},
         )
         for model, saved in payload["models"].items()
@@ -722,7 +819,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 model: {
                     "settings": {k: getattr(settings, k) for k in SETTINGS},
                     "summaries": {k: asdict(s) for k, s in summaries.items()},
-                    "checks": checks(summaries, BENCHES[model]),
+                    "checks": checks(summaries, BENCHES[model], settings.backend),
                     "runs": {k: [asdict(r) for r in runs] for k, runs in results[model].items()},
                 }
                 for model, (settings, summaries) in measured.items()
