@@ -50,7 +50,7 @@ def measure(mib: float, device: torch.device) -> dict:
     back = torch.empty(count, device=device)
 
     def staged(buckets: _CudaBuckets = buckets) -> None:
-        buckets.start(0, grad)
+        buckets.start(0, grad, 1.0)
         buckets.finish(0)
         buckets.reset()
 
@@ -67,7 +67,7 @@ def measure(mib: float, device: torch.device) -> dict:
     # The staged sum is right: every rank's tensor summed, back on the GPU.
     expected = tnt_comm.allreduce(grad.cpu().numpy())
     for variant in (buckets, pinned):
-        variant.start(0, grad)
+        variant.start(0, grad, 1.0)
         got = variant.finish(0).cpu().numpy()
         variant.reset()
         assert np.array_equal(got, expected), "the staged allreduce gave a wrong sum"

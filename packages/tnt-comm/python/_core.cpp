@@ -310,13 +310,15 @@ PYBIND11_MODULE(_core, m) {
                                                           threshold, static_cast<ReduceOp>(op));
            }),
            py::keep_alive<1, 2>())
-      .def("start",
-           [](tnt::FusedAllreduce& f, std::size_t i, const py::array& x) {
-             name_this_thread();
-             View a = view(x, "x", false);
-             py::gil_scoped_release release;
-             f.start(i, a.ptr);
-           })
+      .def(
+          "start",
+          [](tnt::FusedAllreduce& f, std::size_t i, const py::array& x, std::optional<float> scale) {
+            name_this_thread();
+            View a = view(x, "x", false);
+            py::gil_scoped_release release;
+            f.start(i, a.ptr, scale ? &*scale : nullptr);
+          },
+          py::arg("i"), py::arg("x"), py::arg("scale") = py::none())
       .def("wait",
            [](tnt::FusedAllreduce& f, std::size_t i, const py::array& out) {
              View o = view(out, "out", true);

@@ -71,6 +71,21 @@ for threshold in (0, 1024, 1 << 30):
         for i in range(6):
             out = fused.wait(i)
             assert out.shape == shapes[i] and (out == sum(q + step + i for q in range(n))).all(), (threshold, step, i)
+# Scaled as they are handed over (a rank's share of the batch): rank q's tensors count q/4 times,
+# rounded to the dtype; a scale of 0 adds zeros even where the tensor holds NaN.
+fused = tc.FusedAllreduce([((5,), "float32"), ((5,), "float64")], threshold_bytes=1 << 20)
+x32 = np.full(5, np.nan if r == 0 else 1.5, np.float32)
+x64 = np.full(5, np.nan if r == 0 else 1.5, np.float64)
+fused.start(1, x64, scale=r / 4)
+fused.start(0, x32, scale=r / 4)
+expected = sum(1.5 * (q / 4) for q in range(1, n))
+assert (fused.wait(0) == np.float32(expected)).all() and (fused.wait(1) == expected).all()
+try:
+    tc.FusedAllreduce([((2,), "int64")]).start(0, np.zeros(2, np.int64), scale=0.5)
+except ValueError as e:  # tnt_comm.InvalidArgument
+    assert "floating-point" in str(e), e
+else:
+    raise AssertionError("a scale on int64 was accepted")
 print("ok")
 """
     run(3, code, tmp_path)

@@ -57,8 +57,9 @@ class FusedAllreduce {
   std::size_t num_tensors() const { return tensors_.size(); }
   const std::vector<Bucket>& buckets() const { return buckets_; }
 
-  // Hands tensor i over (its data is copied at once).
-  void start(std::size_t i, const void* data);
+  // Hands tensor i over (its data is copied at once), times *scale where scale is not null, as
+  // pack_tensor scales: one pass over the data, instead of scaling it first.
+  void start(std::size_t i, const void* data, const float* scale = nullptr);
   // Waits for tensor i's bucket and copies its reduced values to `out`.
   void wait(std::size_t i, void* out);
   // Whether tensor i's bucket has completed (false until it started).

@@ -383,14 +383,16 @@ class FusedAllreduce:
         """Tensor indices of each bucket, in start order."""
         return [list(b) for b in self._native.buckets]
 
-    def start(self, i: int, x: Any) -> None:
+    def start(self, i: int, x: Any, scale: float | None = None) -> None:
+        """Hands tensor i over, times ``scale`` if given (floating dtypes: the scale and each product
+        rounded to the dtype; a scale of 0 gives zeros even for NaN), copied into its bucket at once."""
         a = as_array(x, f"tensor {i}")
         if a.size != int(np.prod(self._shapes[i], dtype=np.int64)) or a.dtype != self._dtypes[i]:
             raise ValueError(
                 f"tensor {i} has shape {a.shape} and dtype {a.dtype.name}, but "
                 f"{self._shapes[i]} and {self._dtypes[i].name} were declared"
             )
-        self._native.start(i, a)
+        self._native.start(i, a, None if scale is None else float(scale))
 
     def wait(self, i: int, out: Any = None) -> np.ndarray:
         o = np.empty(self._shapes[i], self._dtypes[i]) if out is None else as_array(out, "out")

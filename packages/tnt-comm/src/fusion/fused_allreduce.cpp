@@ -59,7 +59,7 @@ namespace {
 std::size_t position_in(const Bucket& b, std::size_t tensor) { return tensor - b.tensors.front(); }
 }  // namespace
 
-void FusedAllreduce::start(std::size_t i, const void* data) {
+void FusedAllreduce::start(std::size_t i, const void* data, const float* scale) {
   if (i >= tensors_.size()) {
     throw InvalidArgument("FusedAllreduce.start: tensor " + std::to_string(i) + " of " +
                           std::to_string(tensors_.size()));
@@ -71,7 +71,7 @@ void FusedAllreduce::start(std::size_t i, const void* data) {
     throw InvalidArgument("FusedAllreduce.start: tensor " + std::to_string(i) +
                           " was already started in this round; wait for it first");
   }
-  pack_tensor(buckets_[b].layout, pos, data, buckets_[b].dtype, nullptr, s.buffer);
+  pack_tensor(buckets_[b].layout, pos, data, buckets_[b].dtype, scale, s.buffer);
   s.started[pos] = true;
   ++s.started_count;
   launch_ready_buckets();

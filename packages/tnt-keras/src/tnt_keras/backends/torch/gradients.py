@@ -8,9 +8,9 @@ its fusion bucket, and a bucket starts its non-blocking allreduce once it is ful
 bucket has started (so all ranks start them in one order). ``apply`` then waits for the buckets and
 gives the original ``apply`` the sums.
 
-- CPU tensors go through tnt-comm's ``FusedAllreduce``: it copies each gradient into its bucket in
-  the shared arena and writes the sum back into the gradient's own memory (numpy views of the
-  tensors, no further copy).
+- CPU tensors go through tnt-comm's ``FusedAllreduce``: it copies each gradient, scaled in the same
+  pass, into its bucket in the shared arena and writes the sum back into the gradient's own memory
+  (numpy views of the tensors, no further copy).
 - CUDA tensors are packed into one device buffer per bucket, copied to pinned host memory on a side
   stream once the compute stream has produced them (ordered by CUDA events), summed there, and
   copied back on the compute stream: one device-to-host and one host-to-device copy per bucket.
@@ -78,15 +78,6 @@ class StepState:
         self.active, self.value, self.pending = False, None, None
 
 
-def _scaled(grad: torch.Tensor, fraction: float) -> torch.Tensor:
-    """``fraction * grad`` in place; 0 makes zeros also of NaN (a step on an empty slice)."""
-    if fraction == 0.0:
-        return grad.zero_()
-    if fraction != 1.0:
-        grad.mul_(fraction)
-    return grad
-
-
 class _HostBuckets:
     """Buckets of CPU gradients, through tnt-comm's ``FusedAllreduce``."""
 
@@ -95,10 +86,11 @@ class _HostBuckets:
         self.fused = tnt_comm.FusedAllreduce(declared, threshold)
         self.held: dict[int, torch.Tensor] = {}  # position -> the tensor handed over (its result lands there)
 
-    def start(self, position: int, grad: torch.Tensor) -> None:
+    def start(self, position: int, grad: torch.Tensor, fraction: float) -> None:
+        """Copies ``fraction * grad`` into its bucket (tnt-comm scales in the copy: one pass)."""
         grad = grad if grad.is_contiguous() else grad.contiguous()
         self.held[position] = grad
-        self.fused.start(position, numpy_view(grad))
+        self.fused.start(position, numpy_view(grad), scale=None if fraction == 1.0 else fraction)
 
     def poll(self) -> None:
         pass  # the progress engine moves host buckets on its own
@@ -173,9 +165,14 @@ class _CudaBuckets:
         self.next_sum = 0
         self.results: dict[int, torch.Tensor] = {}
 
-    def start(self, position: int, grad: torch.Tensor) -> None:
+    def start(self, position: int, grad: torch.Tensor, fraction: float) -> None:
+        """Packs ``fraction * grad`` into its bucket's device buffer (0 makes NaN 0: an empty slice)."""
         b, offset, count = self.where[position]
-        self.dev[b][offset : offset + count].copy_(grad.reshape(-1))
+        packed = self.dev[b][offset : offset + count]
+        if fraction == 0.0:
+            packed.zero_()
+        else:
+            torch.mul(grad.reshape(-1), fraction, out=packed)
         self.filled[b] += 1
         while self.next_copy < len(self.plan) and self.filled[self.next_copy] == len(self.plan[self.next_copy]):
             self._copy_out(self.next_copy)
@@ -237,7 +234,7 @@ class Plan:
         if position in self.started:  # a second backward before apply: apply starts what remains
             return
         self.started_in_backward += 1
-        self._start(position, _scaled(grad, fraction))
+        self._start(position, grad, fraction)
 
     def sum(self, grads: Sequence[Any], fraction: float) -> list[Any]:
         """The sums of ``grads`` (this plan's variables' gradients, in their order) over ranks."""
@@ -248,7 +245,7 @@ class Plan:
         for p, index in enumerate(self.order):
             if p not in self.started:
                 grad = grads[index]
-                self._start(p, self._zeros(index) if grad is None else _scaled(grad.detach(), fraction))
+                self._start(p, self._zeros(index) if grad is None else grad.detach(), fraction)
         out: list[Any] = list(grads)
         for p, index in enumerate(self.order):
             summed = self.buckets.finish(p)
@@ -264,7 +261,7 @@ class Plan:
             return
         for p, index in enumerate(self.order):
             if p not in self.started:
-                self._start(p, self._zeros(index))
+                self._start(p, self._zeros(index), 0.0)
         for p in range(len(self.order)):
             self.buckets.finish(p)
         self._clear()
@@ -275,9 +272,9 @@ class Plan:
             self.buckets.held.clear()
         self._clear()
 
-    def _start(self, position: int, grad: torch.Tensor) -> None:
+    def _start(self, position: int, grad: torch.Tensor, fraction: float) -> None:
         self.started[position] = grad
-        self.buckets.start(position, grad)
+        self.buckets.start(position, grad, fraction)
 
     def _zeros(self, index: int) -> torch.Tensor:
         value = self.variables[index].value
