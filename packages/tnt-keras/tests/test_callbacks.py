@@ -7,8 +7,8 @@ TOL = 1e-6
 
 
 @pytest.mark.timeout(300)
-def test_callbacks_on_two_ranks() -> None:
-    result = run("callbacks_job", 2, timeout=280)
+def test_callbacks_on_two_ranks(backend: str) -> None:
+    result = run("callbacks_job", 2, timeout=280, backend=backend)
     r0, r1 = result.ranks
     for r in (r0, r1):
         h = r["history"]

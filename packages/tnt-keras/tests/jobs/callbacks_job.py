@@ -53,10 +53,10 @@ tnt_cbs = [
         str(shared / "best.weights.h5"), save_weights_only=True, save_best_only=True, monitor="loss"
     ),
 ]
-sh = serial.fit(dataset(75, 7, seed=3), epochs=8, verbose=0, callbacks=serial_cbs).history
+sh = serial.fit(dataset(75, 7, seed=3), epochs=8, shuffle=False, verbose=0, callbacks=serial_cbs).history
 captured = io.StringIO()
 with contextlib.redirect_stdout(captured):
-    th = model.fit(dataset(75, 7, seed=3), epochs=8, verbose=1, callbacks=tnt_cbs).history
+    th = model.fit(dataset(75, 7, seed=3), epochs=8, shuffle=False, verbose=1, callbacks=tnt_cbs).history
 printed = captured.getvalue()
 results["history"] = {
     "epochs_serial": len(sh["loss"]),
@@ -96,8 +96,8 @@ def nan_data():
 
 
 serial, model = pair("sequential", "sgd")
-sh = serial.fit(nan_data(), epochs=3, verbose=0, callbacks=[keras.callbacks.TerminateOnNaN()]).history
-th = model.fit(nan_data(), epochs=3, verbose=0, callbacks=[keras.callbacks.TerminateOnNaN()]).history
+sh = serial.fit(nan_data(), epochs=3, shuffle=False, verbose=0, callbacks=[keras.callbacks.TerminateOnNaN()]).history
+th = model.fit(nan_data(), epochs=3, shuffle=False, verbose=0, callbacks=[keras.callbacks.TerminateOnNaN()]).history
 results["nan"] = {"serial_epochs": len(sh["loss"]), "tnt_epochs": len(th["loss"]), "stopped": model.stop_training}
 
 
@@ -109,13 +109,13 @@ class Crash(keras.callbacks.Callback):
 
 
 serial, model = pair("functional", "sgd")
-serial.fit(dataset(60, 12, shuffle=False), epochs=4, verbose=0)
+serial.fit(dataset(60, 12, shuffle=False), epochs=4, shuffle=False, verbose=0)
 backup = keras.callbacks.BackupAndRestore(str(shared / "backup"))
 try:
-    model.fit(dataset(60, 12, shuffle=False), epochs=4, verbose=0, callbacks=[backup, Crash()])
+    model.fit(dataset(60, 12, shuffle=False), epochs=4, shuffle=False, verbose=0, callbacks=[backup, Crash()])
 except RuntimeError:
     pass
-resumed = model.fit(dataset(60, 12, shuffle=False), epochs=4, verbose=0, callbacks=[backup])
+resumed = model.fit(dataset(60, 12, shuffle=False), epochs=4, shuffle=False, verbose=0, callbacks=[backup])
 results["backup"] = {
     "resumed_epochs": len(resumed.history["loss"]),
     "weights_err": max_diff(serial.get_weights(), model.get_weights()),
@@ -146,10 +146,11 @@ calls = {"lambda": 0}
 plain, averaged, local, master_only = Record(), Record(), Record(), Record()
 serial, model = pair("functional", "rmsprop")
 serial_record = Record()
-serial.fit(dataset(64, 12), epochs=2, verbose=0, callbacks=[serial_record])
+serial.fit(dataset(64, 12), epochs=2, shuffle=False, verbose=0, callbacks=[serial_record])
 model.fit(
     dataset(64, 12),
     epochs=2,
+    shuffle=False,
     verbose=0,
     callbacks=[
         keras.callbacks.LambdaCallback(
@@ -195,6 +196,7 @@ serial, model = pair()
 model.fit(
     dataset(60, 12),
     epochs=2,
+    shuffle=False,
     verbose=0,
     callbacks=[
         keras.callbacks.RemoteMonitor(root=f"http://127.0.0.1:{server.server_port}"),
