@@ -5,8 +5,8 @@ from launch import run
 
 
 @pytest.mark.timeout(240)
-def test_two_optimizers_and_divergence_warning() -> None:
-    result = run("optimizers_job", 2, timeout=220)
+def test_two_optimizers_and_divergence_warning(backend: str) -> None:
+    result = run("optimizers_job", 2, timeout=220, backend=backend)
     r0, r1 = result.ranks
     for r in (r0, r1):
         assert r["two_err"] < 1e-6, r["two_err"]  # both optimizers saw the summed gradients

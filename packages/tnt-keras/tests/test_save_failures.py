@@ -21,8 +21,8 @@ FAILED_ON_RANK_0 = {
 
 
 @pytest.mark.timeout(300)
-def test_a_failed_write_on_rank_0_raises_on_every_rank() -> None:
-    r0, r1 = run("save_failure_job", 2, "two", timeout=280).ranks
+def test_a_failed_write_on_rank_0_raises_on_every_rank(backend: str) -> None:
+    r0, r1 = run("save_failure_job", 2, "two", timeout=280, backend=backend).ranks
     for r in (r0, r1):
         assert r["in_step"] == [2.0] * 11  # no rank was left behind in a collective after any case
         # Only the saves that succeeded returned: no rank ran the code after a failed one.
@@ -34,6 +34,12 @@ def test_a_failed_write_on_rank_0_raises_on_every_rank() -> None:
     for case, (kind, doing) in FAILED_ON_RANK_0.items():
         own, told = r0[case], r1[case]
         assert own is not None and told is not None, case
+        if backend == "torch" and case == "export":
+            # Keras' own export fails on torch before the planned error (see saving_job.py): rank 0
+            # raises Keras' error, and rank 1 is still told, naming rank 0.
+            assert told["message"].startswith(f"tnt: rank 0 failed to {doing}"), (case, told)
+            assert f": {own['type']}: " in told["message"], (case, told)
+            continue
         assert own["type"] == told["type"] == kind, (case, own, told)
         # Rank 0 raises its own error unchanged; rank 1 names rank 0 and quotes its error.
         assert not own["message"].startswith("tnt: rank"), (case, own)
