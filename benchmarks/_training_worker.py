@@ -41,6 +41,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 # The driver looks for this in /proc/PID/cmdline before it kills a PID a worker reported.
 MARKER = "_training_worker.py"
@@ -392,37 +393,17 @@ def main() -> int:
     fit_start = time.perf_counter()
     model.fit(ds, epochs=1 + args.rounds, steps_per_epoch=args.steps, verbose=0)
     fit_seconds = time.perf_counter() - fit_start
-    result = {
-        "mode": args.mode,
-        "model": args.model,
-        "parameters": int(model.count_params()),
-        "rank": rank,
-        "size": size,
-        "pid": os.getpid(),
-        "batch": args.batch,
-        "steps": args.steps,
-        "warmup": epochs[:1],
-        "rounds": epochs[1:],
-        "fit_seconds": fit_seconds,
-        "process_seconds": time.perf_counter() - started,
-        "threads": {
-            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
-            "TF_NUM_INTRAOP_THREADS": os.environ.get("TF_NUM_INTRAOP_THREADS"),
-            "intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
-            "inter_op": tf.config.threading.get_inter_op_parallelism_threads(),
-            "cpus": len(os.sched_getaffinity(0)),
-        },
-        "jit_compile": bool(getattr(model, "jit_compile", False)),
-        "versions": {
-            "tensorflow": tf.__version__,
-            "keras": keras.__version__,
-            **({"tnt_keras": getattr(tnt, "__version__", "?")} if tnt is not None else {}),
-        },
+    result = run_result(args, model, rank, size, epochs, fit_seconds, started)
+    result["threads"] = {
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+        "TF_NUM_INTRAOP_THREADS": os.environ.get("TF_NUM_INTRAOP_THREADS"),
+        "intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
+        "inter_op": tf.config.threading.get_inter_op_parallelism_threads(),
+        "cpus": len(os.sched_getaffinity(0)),
     }
-    if bench_dir is not None:
-        (bench_dir / f"{tag}.json").write_text(json.dumps(result))
-    if rank == 0:
-        print(RESULT_PREFIX + json.dumps(result), flush=True)
+    result["jit_compile"] = bool(getattr(model, "jit_compile", False))
+    result["versions"] = versions(keras, tnt, tensorflow=tf.__version__)
+    publish(result, bench_dir, tag, rank)
     if strategy is not None and rank == 0:
         wait_for_other_workers(bench_dir, args.mode, size)
     return 0
@@ -542,42 +523,56 @@ def main_torch(args: argparse.Namespace, bench_dir: Path | None, started: float)
         records = time_epochs(keras, bench_dir, tag)
         model.fit(batches, epochs=1 + args.rounds, steps_per_epoch=args.steps, shuffle=False, verbose=0)
     fit_seconds = time.perf_counter() - fit_start
-    result = {
+    result = {"backend": "torch", **run_result(args, model, rank, size, records, fit_seconds, started)}
+    result["threads"] = {
+        "backend": "torch",
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+        "MKL_NUM_THREADS": os.environ.get("MKL_NUM_THREADS"),
+        "intra_op": torch.get_num_threads(),
+        "inter_op": torch.get_num_interop_threads(),
+        "cpus": len(os.sched_getaffinity(0)),
+    }
+    result["tensorflow_imported"] = "tensorflow" in sys.modules
+    result["versions"] = versions(keras, tnt, torch=torch.__version__)
+    publish(result, bench_dir, tag, rank)
+    if args.mode == "ddp":
+        dist.destroy_process_group()
+    return 0
+
+
+def run_result(
+    args: argparse.Namespace, model: Any, rank: int, size: int, epochs: list, fit_seconds: float, started: float
+) -> dict[str, Any]:
+    """What every worker reports of its run, on any backend (each adds its threads and versions)."""
+    return {
         "mode": args.mode,
         "model": args.model,
-        "backend": "torch",
         "parameters": int(model.count_params()),
         "rank": rank,
         "size": size,
         "pid": os.getpid(),
         "batch": args.batch,
         "steps": args.steps,
-        "warmup": records[:1],
-        "rounds": records[1:],
+        "warmup": epochs[:1],
+        "rounds": epochs[1:],
         "fit_seconds": fit_seconds,
         "process_seconds": time.perf_counter() - started,
-        "threads": {
-            "backend": "torch",
-            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
-            "MKL_NUM_THREADS": os.environ.get("MKL_NUM_THREADS"),
-            "intra_op": torch.get_num_threads(),
-            "inter_op": torch.get_num_interop_threads(),
-            "cpus": len(os.sched_getaffinity(0)),
-        },
-        "tensorflow_imported": "tensorflow" in sys.modules,
-        "versions": {
-            "torch": torch.__version__,
-            "keras": keras.__version__,
-            **({"tnt_keras": getattr(tnt, "__version__", "?")} if tnt is not None else {}),
-        },
     }
+
+
+def versions(keras: Any, tnt: Any, **framework: str) -> dict[str, str]:
+    found = {**framework, "keras": keras.__version__}
+    if tnt is not None:
+        found["tnt_keras"] = getattr(tnt, "__version__", "?")
+    return found
+
+
+def publish(result: dict[str, Any], bench_dir: Path | None, tag: str, rank: int) -> None:
+    """Leaves the result for the driver: in the bench folder, and on rank 0's output."""
     if bench_dir is not None:
         (bench_dir / f"{tag}.json").write_text(json.dumps(result))
     if rank == 0:
         print(RESULT_PREFIX + json.dumps(result), flush=True)
-    if args.mode == "ddp":
-        dist.destroy_process_group()
-    return 0
 
 
 def wait_for_other_workers(bench_dir: Path | None, mode: str, size: int, limit_s: float = 30.0) -> None:

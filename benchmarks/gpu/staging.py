@@ -74,19 +74,17 @@ def measure(mib: float, device: torch.device) -> dict:
     t_staged, t_copies, t_host = timed(staged), timed(copies), timed(host_allreduce)
     t_pinned = timed(lambda: staged(pinned))
     t_arena = timed(arena_allreduce)
-    return (
-        {
-            "MiB": mib,
-            "staged_ms": t_staged * 1e3,
-            "staged_torch_pinned_ms": t_pinned * 1e3,
-            "copies_ms": t_copies * 1e3,
-            "host_allreduce_ms": t_host * 1e3,
-            "arena_allreduce_ms": t_arena * 1e3,
-            "arena_registered": hasattr(buckets.host[0], "_tnt_registered"),
-            "staged_GBps": count * 4 / t_staged / 1e9,
-            "overhead_vs_parts": t_staged / (t_copies + t_arena),
-        }
-    )
+    return {
+        "MiB": mib,
+        "staged_ms": t_staged * 1e3,
+        "staged_torch_pinned_ms": t_pinned * 1e3,
+        "copies_ms": t_copies * 1e3,
+        "host_allreduce_ms": t_host * 1e3,
+        "arena_allreduce_ms": t_arena * 1e3,
+        "arena_registered": hasattr(buckets.host[0], "_tnt_registered"),
+        "staged_GBps": count * 4 / t_staged / 1e9,
+        "overhead_vs_parts": t_staged / (t_copies + t_arena),
+    }
 
 
 def main() -> None:

@@ -20,8 +20,9 @@ A new backend (JAX) is one more module here and one more line in ``current()``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
@@ -31,6 +32,7 @@ import tnt_comm
 _MODULES = {"tensorflow": "tensorflow", "torch": "torch"}
 
 
+@functools.cache  # a process runs on one backend; metrics ask for it on every step
 def current() -> ModuleType:
     """The module of the Keras backend this process runs on."""
     name = keras.backend.backend()
@@ -41,6 +43,16 @@ def current() -> ModuleType:
             "Set KERAS_BACKEND=tensorflow or KERAS_BACKEND=torch."
         )
     return importlib.import_module(f"{__name__}.{module}")
+
+
+def guard_steps(model: keras.Model, size: int, guarded: Callable[[keras.Model, Any], Any]) -> None:
+    """Wraps ``model``'s train and test steps in a backend's empty-slice guard, ``guarded(model,
+    step)`` (idempotent; one rank needs none)."""
+    if size == 1 or model.__dict__.get("_tnt_empty_slices"):
+        return
+    for name in ("train_step", "test_step"):
+        setattr(model, name, guarded(model, getattr(model, name)))
+    model._tnt_empty_slices = True
 
 
 def mismatch_advice(what: str, message: str) -> str:

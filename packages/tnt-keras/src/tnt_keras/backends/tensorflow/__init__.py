@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from .. import reraised
@@ -115,7 +114,3 @@ def summed_values(variables: list[Any]) -> list[Any]:
     for i, value in enumerate(values):
         by_dtype.setdefault(value.dtype, []).append(i)
     return gradients.sum_buckets(values, list(by_dtype.values()))
-
-
-def to_numpy(x: Any) -> np.ndarray:
-    return np.asarray(x)

@@ -194,5 +194,3 @@ def _sum_before_apply(optimizer: keras.optimizers.Optimizer, state: StepState, s
 
     optimizer.apply = apply
     optimizer._tnt_reduced = True
-
-

@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Any
 
 import keras
-import numpy as np
 
 from .. import explain_python_errors as explain_errors
 from . import gradients, steps
@@ -23,7 +22,6 @@ __all__ = [
     "install_hooks",
     "is_dataset",
     "summed_values",
-    "to_numpy",
 ]
 
 summed_values = steps.summed_values
@@ -63,7 +61,3 @@ def build_for_predict(model: keras.Model, ds: Any) -> None:
 def install_hooks(model: keras.Model, size: int) -> None:
     gradients.install_gradient_sum(model, size)
     steps.install(model, size)
-
-
-def to_numpy(x: Any) -> np.ndarray:
-    return keras.ops.convert_to_numpy(x)

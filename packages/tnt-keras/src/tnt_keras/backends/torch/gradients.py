@@ -31,7 +31,7 @@ import tnt_comm
 import torch
 
 from ...runtime import fusion_threshold_bytes
-from ...variables import check_optimizer, model_optimizers
+from ...variables import check_optimizer, model_optimizers, numpy_dtype
 
 
 def numpy_view(tensor: torch.Tensor) -> np.ndarray:
@@ -39,12 +39,6 @@ def numpy_view(tensor: torch.Tensor) -> np.ndarray:
     if tensor.dtype == torch.bfloat16:
         return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
     return tensor.numpy()
-
-
-def numpy_dtype(dtype: torch.dtype) -> np.dtype:
-    if dtype == torch.bfloat16:
-        return np.dtype(ml_dtypes.bfloat16)
-    return torch.empty(0, dtype=dtype).numpy().dtype
 
 
 class StepState:

@@ -212,8 +212,18 @@ def distribute(
     if _is_tf_dataset(x):
         from ..tensorflow import distribute as tf_distribute
 
-        return tf_distribute(x, y, sample_weight, batch_size, rank=rank, size=size, shuffle=shuffle,
-                             distribute=distribute, micro_batch_size=micro_batch_size, what=what)
+        return tf_distribute(
+            x,
+            y,
+            sample_weight,
+            batch_size,
+            rank=rank,
+            size=size,
+            shuffle=shuffle,
+            distribute=distribute,
+            micro_batch_size=micro_batch_size,
+            what=what,
+        )
     if micro_batch_size is not None and micro_batch_size <= 0:
         raise ValueError(f"tnt: tnt_micro_batch_size must be positive, got {micro_batch_size}")
     if is_dataset(x):

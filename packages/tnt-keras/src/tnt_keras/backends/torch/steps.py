@@ -21,8 +21,7 @@ import tnt_comm
 import torch
 
 from ...variables import unique_variables
-
-_STEPS = ("train_step", "test_step")
+from .. import guard_steps
 
 
 class _Step(threading.local):
@@ -65,11 +64,7 @@ def summed_values(variables: Sequence[Any]) -> list[torch.Tensor]:
 
 def install(model: keras.Model, size: int) -> None:
     """Wraps ``model``'s train and test steps (idempotent; one rank needs nothing)."""
-    if size == 1 or model.__dict__.get("_tnt_empty_slices"):
-        return
-    for name in _STEPS:
-        setattr(model, name, _guarded(model, getattr(model, name)))
-    model._tnt_empty_slices = True
+    guard_steps(model, size, _guarded)
 
 
 def _guarded(model: keras.Model, step: Callable[[Any], Any]) -> Callable[[Any], Any]:
