@@ -1,7 +1,9 @@
 """Whole-model files: tnt writes the wrapped Keras model, which plain Keras loads without tnt (no
-lock-in) and tnt loads as a tnt.Model; files of an earlier tnt, which name the wrapper, still load."""
+lock-in) and tnt loads as a tnt.Model; files of an earlier tnt, which name the wrapper, still load.
+On both backends: Keras' .keras format is the same on each."""
 
 import functools
+import importlib.util
 import json
 import os
 import subprocess
@@ -16,17 +18,25 @@ DATA = Path(__file__).parent / "data"
 KINDS = {"functional": "Functional", "sequential": "Sequential", "subclassed": "Subclassed"}
 
 
+# The jobs each test reads: TensorFlow on 1 and 2 ranks, torch on 2 (whose job serves both tests).
+CASES = [(1, "tensorflow"), (2, "tensorflow"), (2, "torch")]
+LEGACY_CASES = [(1, "tensorflow"), (2, "torch")]
+
+
 @functools.cache
-def files_job(ranks: int) -> Result:
-    """plain_files_job on ``ranks`` ranks, run once per test session: the 1-rank job's reports serve
-    both tests below (the job writes, reloads and continues every kind of file, legacy ones too)."""
-    return run("plain_files_job", ranks, str(DATA), timeout=280)
+def files_job(ranks: int, backend: str) -> Result:
+    """plain_files_job on ``ranks`` ranks of ``backend``, run once per test session: one job's
+    reports serve both tests below (the job writes, reloads and continues every kind of file,
+    legacy ones too)."""
+    if importlib.util.find_spec(backend) is None:
+        pytest.skip(f"{backend} is not installed (pip install torch==2.13.0, or nox's keras session)")
+    return run("plain_files_job", ranks, str(DATA), timeout=280, backend=backend)
 
 
-def load_without_tnt(paths: list[Path], out: Path) -> dict:
+def load_without_tnt(paths: list[Path], out: Path, backend: str) -> dict:
     """Loads ``paths`` with keras.models.load_model in a new Python that cannot import tnt."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update({"PYTHONPATH": str(JOBS), "TF_CPP_MIN_LOG_LEVEL": "2"})
+    env.update({"PYTHONPATH": str(JOBS), "TF_CPP_MIN_LOG_LEVEL": "2", "KERAS_BACKEND": backend})
     cmd = [sys.executable, str(JOBS / "plain_keras_load.py"), str(out), *map(str, paths)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -34,9 +44,9 @@ def load_without_tnt(paths: list[Path], out: Path) -> dict:
 
 
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize("ranks", [1, 2])
-def test_tnt_files_load_in_plain_keras_and_as_tnt_models(ranks: int) -> None:
-    result = files_job(ranks)
+@pytest.mark.parametrize(("ranks", "backend"), CASES)
+def test_tnt_files_load_in_plain_keras_and_as_tnt_models(ranks: int, backend: str) -> None:
+    result = files_job(ranks, backend)
     files = result.out_dir / "files"
     assert not [f for f in result.ranks[0]["files"] if "tnt-tmp" in f]
     for kind, cls in KINDS.items():
@@ -52,7 +62,7 @@ def test_tnt_files_load_in_plain_keras_and_as_tnt_models(ranks: int) -> None:
             assert k["direct_iterations"] == k["iterations"]
             assert k["continued_equal"], (rank, kind)
     r0 = result.ranks[0]
-    plain = load_without_tnt([files / f"{kind}.keras" for kind in KINDS], result.out_dir / "plain.json")
+    plain = load_without_tnt([files / f"{kind}.keras" for kind in KINDS], result.out_dir / "plain.json", backend)
     for kind, cls in KINDS.items():
         p = plain[str(files / f"{kind}.keras")]
         assert p["tnt_modules"] == []
@@ -62,8 +72,10 @@ def test_tnt_files_load_in_plain_keras_and_as_tnt_models(ranks: int) -> None:
 
 
 @pytest.mark.timeout(300)
-def test_files_of_an_earlier_tnt_still_load() -> None:
-    r = files_job(1).ranks[0]
+@pytest.mark.parametrize(("ranks", "backend"), LEGACY_CASES)
+def test_files_of_an_earlier_tnt_still_load(ranks: int, backend: str) -> None:
+    """Files an earlier tnt wrote (on TensorFlow) load on either backend."""
+    r = files_job(ranks, backend).ranks[0]
     for kind, cls in (("functional", "Functional"), ("subclassed", "Subclassed")):
         k = r[f"legacy_{kind}"]
         assert k["loaded"] == [True, cls, True] and k["loaded_equal"], k
