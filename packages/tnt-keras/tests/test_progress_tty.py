@@ -25,10 +25,11 @@ def test_into_a_pipe_auto_prints_plain_lines() -> None:
 
 
 @pytest.mark.timeout(240)
-def test_on_a_terminal_rank_0_draws_the_live_bar(tmp_path: Path) -> None:
+def test_on_a_terminal_rank_0_draws_the_live_bar(tmp_path: Path, backend: str) -> None:
     env = dict(os.environ)
     env.update(
         {
+            "KERAS_BACKEND": backend,
             "TNT_TEST_OUT": str(tmp_path),
             "TF_CPP_MIN_LOG_LEVEL": "2",
             "PYTHONPATH": os.pathsep.join([str(JOBS), str(SRC), env.get("PYTHONPATH", "")]),

@@ -53,8 +53,8 @@ def test_a_failed_write_on_rank_0_raises_on_every_rank(backend: str) -> None:
 
 
 @pytest.mark.timeout(240)
-def test_failures_on_several_ranks_are_reported_on_every_rank() -> None:
-    ranks = run("save_failure_job", 3, "three", timeout=220).ranks
+def test_failures_on_several_ranks_are_reported_on_every_rank(backend: str) -> None:
+    ranks = run("save_failure_job", 3, "three", timeout=220, backend=backend).ranks
     for r in ranks:
         assert r["in_step"] == [3.0, 3.0] and r["returned"] == []
     r0, r1, r2 = (r["all_devices"] for r in ranks)

@@ -1,15 +1,21 @@
 """tnt.Model is indistinguishable from the model it wraps, except where tnt intercepts (one rank)."""
 
+import importlib.util
+
 import pytest
+from conftest import BACKENDS
 from launch import run
 
 KINDS = ("functional", "sequential", "subclassed")
 CLASSES = {"functional": "Functional", "sequential": "Sequential", "subclassed": "Subclassed"}
 
 
-@pytest.fixture(scope="module")
-def result() -> dict:
-    return run("wrapper_job", 1, timeout=280).ranks[0]
+@pytest.fixture(scope="module", params=BACKENDS)
+def result(request: pytest.FixtureRequest) -> dict:
+    """The job's report on each backend (once per module and backend: every test reads it)."""
+    if importlib.util.find_spec(request.param) is None:
+        pytest.skip(f"{request.param} is not installed (pip install torch==2.13.0, or nox's keras session)")
+    return run("wrapper_job", 1, timeout=280, backend=request.param).ranks[0]
 
 
 @pytest.mark.timeout(300)

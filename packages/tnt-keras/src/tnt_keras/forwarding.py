@@ -38,6 +38,10 @@ INTERCEPTED: dict[str, str] = {
     "save_own_variables": "Keras' saving walks the wrapper itself: it has no variables of its own, and the wrapped "
     "model's are saved beneath it",
     "load_own_variables": "Keras' saving walks the wrapper itself (as save_own_variables)",
+    # On the torch backend, where a Keras model is a torch module: torch's call of the wrapper runs its
+    # forward, which must be the wrapper's own (it calls the wrapped model as a layer, with Keras'
+    # handling of training=, dtypes and masks), not the wrapped model's run on the wrapper's arguments.
+    "forward": "the wrapper is a torch module of its own (torch backend), whose forward calls the wrapped model",
 }
 
 # Attributes that Keras documents but sets on each model instance, not on the class; the wrapper's own
