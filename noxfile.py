@@ -181,6 +181,11 @@ class SharedEnv:
             # the CPU build; uv (and pip asked for plain "torch") would fetch a CUDA build of several GB.
             self.finish_ahead("keras requirements")
             self.run("python", "-m", "pip", "install", "-q", "--no-compile", TORCH)
+            # Bytecode for what the torch ranks import, as start_keras_install writes TensorFlow's:
+            # without it each torch rank compiles torch, SymPy and Keras' torch backend from source
+            # where PYTHONDONTWRITEBYTECODE is set, 11 s of CPU more per rank.
+            bytecode_env = {"PYTHONDONTWRITEBYTECODE": "", "PYTHONPATH": str(KERAS / "src"), "KERAS_BACKEND": "torch"}
+            self.run("python", str(KERAS / "tests" / "write_bytecode.py"), env=bytecode_env)
         elif part == "example":
             # scikit-learn (the example's data) goes to a folder of its own, put on PYTHONPATH only
             # where the example runs: Keras imports scikit-learn and SciPy at start when they are

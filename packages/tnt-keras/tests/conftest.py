@@ -10,28 +10,29 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1] / "tnt-comm" / "tests"))
 
 # Seconds each test file keeps one worker busy on 2 cores (`pytest -n 2 --dist loadfile
-# --durations=0`, 2026-11-24): 597 s in all. With --no-loadscope-reorder (nox passes it) pytest-xdist
-# hands out whole files in collection order, so the costliest go first and the light ones fill in at
-# the end: by the number of tests per file (xdist's own order) one worker idled for the last 30 s of
-# a 331 s run.
+# --durations=0`, 2026-11-27, both backends; the files whose tests changed since, estimated from
+# their jobs' times). With --no-loadscope-reorder (nox passes it) pytest-xdist hands out whole files
+# in collection order, so the costliest go first and the light ones fill in at the end: by the
+# number of tests per file (xdist's own order) one worker idled for the last 30 s of a 331 s run.
 FILE_SECONDS = {
-    "test_training.py": 178,
-    "test_data.py": 79,
-    "test_ops.py": 72,
-    "test_saving.py": 42,
-    "test_large_models.py": 37,
-    "test_predict.py": 37,
-    "test_files.py": 31,
-    "test_failures.py": 30,
-    "test_callbacks.py": 21,
-    "test_progress_tty.py": 16,
-    "test_save_failures.py": 15,
-    "test_progbar.py": 12,
-    "test_optimizers.py": 10,
-    "test_prebuilt_op.py": 8,
-    "test_wrapper.py": 6,
-    "test_slicing.py": 2,
-    "test_buckets.py": 0,
+    "test_training.py": 216,
+    "test_large_models.py": 139,
+    "test_ops.py": 127,
+    "test_data.py": 114,
+    "test_saving.py": 112,
+    "test_failures.py": 107,
+    "test_predict.py": 72,
+    "test_files.py": 61,
+    "test_callbacks.py": 61,
+    "test_save_failures.py": 54,
+    "test_optimizers.py": 31,
+    "test_progbar.py": 28,
+    "test_progress_tty.py": 28,
+    "test_torch_inputs.py": 23,
+    "test_prebuilt_op.py": 21,
+    "test_wrapper.py": 18,
+    "test_slicing.py": 9,
+    "test_buckets.py": 5,
 }
 NEW_FILE_SECONDS = 20  # a file not measured yet goes among the middling ones
 
