@@ -1,0 +1,155 @@
+"""Where a training step's time goes under tnt on Keras' torch backend, per rank.
+
+Trains one of benchmarks/training.py's models (the same builders and synthetic data) on this rank's
+slice of every global batch, and reports per step: the wall time, this process's CPU time, and the
+time spent in tnt's parts, by timing three functions of ``tnt_keras.backends.torch.gradients``:
+
+- ``hooks``: the post-accumulate-grad hooks (scaling each gradient into its bucket, starting full
+  buckets), run inside backward;
+- ``sum``: the optimizer's ``apply`` waiting for the buckets' sums (the last bucket starts when
+  backward ends on every rank, so this holds the wait for the slower rank);
+- ``share``: the wait for the step's row count (an allreduce started at the top of the step).
+
+With ``--solo`` the same process trains the plain Keras model on its slice with no communication at
+all (the ceiling of benchmarks/training.py, one process per rank), for comparison in the same run.
+Thread variables as tnt-launch sets them (one intra-op thread per rank on 2 cores, 2 ranks).
+
+    tnt-launch -n 2 --output-on-all-devices -- benchmarks/torch_step_parts.py [--model lenet] [--solo]
+
+Each rank prints one line: the median over ``--rounds`` epochs of ``--steps`` steps, after one
+epoch of warm-up.
+
+``--overhead`` (one rank) measures what tnt's wrapper costs with no communication: one process
+builds the same model twice, plain and wrapped in ``tnt.Model``, and alternates their epochs
+(ABBA), so that both see the same machine; it prints the median ratio of their step times. Between
+processes, the same plain Keras run varies more than the bar of 3% here.
+
+    tnt-launch -n 1 -- benchmarks/torch_step_parts.py --overhead [--model lenet]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+os.environ["KERAS_BACKEND"] = "torch"
+
+import torch  # noqa: E402
+
+torch.set_num_threads(int(os.environ.get("MKL_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS") or 1))
+
+import keras  # noqa: E402
+import tnt_keras as tnt  # noqa: E402
+from tnt_keras.backends.torch import gradients  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _training_worker as worker  # noqa: E402
+
+SPENT = {"share": 0.0, "sum": 0.0, "hooks": 0.0}
+
+
+def timed(part: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    def measured(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            SPENT[part] += time.perf_counter() - start
+
+    return measured
+
+
+gradients.StepState.fraction = timed("share", gradients.StepState.fraction)
+gradients.Plan.sum = timed("sum", gradients.Plan.sum)
+gradients.Plan.on_gradient = timed("hooks", gradients.Plan.on_gradient)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=sorted(worker.MODELS), default="lenet")
+    parser.add_argument("--batch", type=int, help="global batch (default: the benchmark's for the model)")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--solo", action="store_true", help="plain Keras on this rank's slice, no communication")
+    parser.add_argument("--overhead", action="store_true", help="tnt.Model against plain Keras in one process")
+    args = parser.parse_args()
+    defaults = {"lenet": 256, "resnet50": 16, "transformer": 16}
+    data = argparse.Namespace(
+        batch=args.batch or defaults[args.model], steps=args.steps, samples=4096, seed=1, model=args.model
+    )
+    rank, size = tnt.get_rank(), tnt.get_size()
+    spec = worker.MODELS[args.model]
+    x, y = worker.synthetic(spec, data)
+    if args.overhead:
+        overhead(args, data, spec, x, y)
+        return
+    model = compiled(spec, wrap=not args.solo)
+    # tnt slices the global batches itself; solo takes this rank's rows of each, as the ceiling does.
+    batches = worker.cached_batches(keras, x, y, data, rank if args.solo else 0, size if args.solo else 1)
+    model.fit(batches, epochs=1, steps_per_epoch=args.steps, shuffle=False, verbose=0)  # warm-up
+    rounds = []
+    for _ in range(args.rounds):
+        SPENT.update(dict.fromkeys(SPENT, 0.0))
+        wall, cpu = time.perf_counter(), time.process_time()
+        model.fit(batches, epochs=1, steps_per_epoch=args.steps, shuffle=False, verbose=0)
+        per_step = 1000 / args.steps
+        rounds.append(
+            [
+                (time.perf_counter() - wall) * per_step,
+                (time.process_time() - cpu) * per_step,
+                *(SPENT[p] * per_step for p in ("hooks", "sum", "share")),
+            ]
+        )
+    step, cpu, hooks, waited, share = (statistics.median(column) for column in zip(*rounds, strict=True))
+    what = "solo (no communication)" if args.solo else "tnt"
+    print(
+        f"rank {rank}/{size} {what}, {args.model} B={data.batch}: step {step:.1f} ms, CPU {cpu:.1f} ms, "
+        f"hooks {hooks:.2f} ms, sum wait {waited:.2f} ms, share wait {share:.2f} ms",
+        flush=True,
+    )
+
+
+def compiled(spec: Any, wrap: bool) -> keras.Model:
+    keras.utils.set_random_seed(1)
+    model = spec.build(keras)
+    if wrap:
+        model = tnt.Model(model)
+    model.compile(
+        optimizer=keras.optimizers.SGD(learning_rate=worker.LEARNING_RATE),
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+    )
+    return model
+
+
+def overhead(args: argparse.Namespace, data: argparse.Namespace, spec: Any, x: Any, y: Any) -> None:
+    if tnt.get_size() != 1:
+        raise SystemExit("--overhead runs on one rank: tnt-launch -n 1")
+    models = {"plain": compiled(spec, wrap=False), "tnt": compiled(spec, wrap=True)}
+    batches = worker.cached_batches(keras, x, y, data, 0, 1)
+    for model in models.values():
+        model.fit(batches, epochs=1, steps_per_epoch=args.steps, shuffle=False, verbose=0)  # warm-up
+    ratios, times = [], {name: [] for name in models}
+    for round_ in range(2 * args.rounds):
+        order = list(models) if round_ % 2 == 0 else list(reversed(models))  # ABBA
+        for name in order:
+            start = time.perf_counter()
+            models[name].fit(batches, epochs=1, steps_per_epoch=args.steps, shuffle=False, verbose=0)
+            times[name].append((time.perf_counter() - start) * 1000 / args.steps)
+        ratios.append(times["tnt"][-1] / times["plain"][-1])
+    print(
+        f"{args.model} B={data.batch}, 1 process, {len(ratios)} rounds: plain Keras "
+        f"{statistics.median(times['plain']):.1f} ms/step, tnt.Model {statistics.median(times['tnt']):.1f}; "
+        f"tnt/plain median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f})",
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    main()
