@@ -1,4 +1,7 @@
-"""The torch backend's inputs on 3 real ranks: arrays, PyDataset and DataLoader by the global-batch rule."""
+"""The torch backend's inputs on 3 real ranks: arrays, PyDataset, DataLoader and (where TensorFlow is
+installed) tf.data, by the global-batch rule."""
+
+import importlib.util
 
 import pytest
 from launch import run
@@ -22,6 +25,10 @@ def test_torch_inputs_follow_the_global_batch_rule() -> None:
         for name, w in r["weighted"].items():  # class_weight, sample_weight, validation_data
             assert w["weights_err"] < 1e-6 and w["history_err"] < 1e-6, (name, w)
         assert "val_loss" in r["weighted"]["validation"]["logged"]
+        if importlib.util.find_spec("tensorflow") is not None:  # tf.data on the torch backend
+            assert r["tf_data"] == r["arrays_expected"], r["tf_data"]
+            fit = r["tf_data_fit"]
+            assert fit["weights_err"] < 1e-6 and fit["history_err"] < 1e-6, fit
     # The ranks' slices of the last batch (3 rows over 3 ranks) and of the others tile every batch.
     for epoch in range(2):
         rows = sorted(i for r in everyone for i in r["shuffled"][epoch])

@@ -1,7 +1,9 @@
 """The torch backend's inputs: arrays, a PyDataset and a DataLoader, each sliced by the global-batch
-rule; each rank loads only its own rows where the input allows it; no TensorFlow imported."""
+rule; each rank loads only its own rows where the input allows it; no TensorFlow imported. Then,
+where TensorFlow is installed, a tf.data pipeline on the torch backend."""
 
 import _quick_start  # noqa: F401, I001  (first: the collector waits out the imports)
+import importlib.util
 import sys
 import zlib
 
@@ -129,6 +131,35 @@ for name, extra in {
         "logged": sorted(got),
     }
 results["weighted"] = weighted
+
+# tf.data where TensorFlow is installed (Keras' set_random_seed above has imported it by now): sliced
+# by the same rule, and fit on it equals serial Keras-torch on the same pipeline.
+if importlib.util.find_spec("tensorflow") is not None:
+    import tensorflow as tf
+
+    pipeline = tf.data.Dataset.from_tensor_slices(ids).batch(BATCH)
+    sliced_tf = distribute(pipeline, None, None, None, rank=rank, size=size, shuffle=False, distribute=True,
+                           micro_batch_size=None, what="test")
+    results["tf_data"] = [[int(v) for v in np.asarray(batch)[:, 0]] for batch in sliced_tf]
+    x, y = arrays(ROWS * 4, seed=6)
+
+    def shuffled_pipeline() -> tf.data.Dataset:
+        # One per run: a pipeline that reshuffles each iteration shuffles its second iteration (the
+        # next run's first epoch) otherwise than its first.
+        return tf.data.Dataset.from_tensor_slices((x, y)).shuffle(ROWS * 4, seed=7).batch(BATCH * 2)
+
+    serial = build("functional")
+    serial.compile(**compile_args("sgd"))
+    expected = serial.fit(shuffled_pipeline(), epochs=2, verbose=0).history
+    model = tnt.Model(build("functional"))
+    model.compile(**compile_args("sgd"))
+    got = model.fit(shuffled_pipeline(), epochs=2, verbose=0).history
+    results["tf_data_fit"] = {
+        "weights_err": float(
+            max(np.max(np.abs(a - b)) for a, b in zip(serial.get_weights(), model.get_weights(), strict=True))
+        ),
+        "history_err": float(max(abs(a - b) for k in expected for a, b in zip(expected[k], got[k], strict=True))),
+    }
 results["rank"], results["size"] = rank, size
 digest = zlib.crc32(str(orders).encode())  # the permutations, alike on every rank
 results["same_everywhere"] = bool(np.all(tnt_comm.allgather(np.array([digest], dtype=np.int64)) == digest))

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import keras
+import numpy as np
 
 from .. import explain_python_errors as explain_errors
 from . import gradients, steps
@@ -27,11 +28,16 @@ __all__ = [
 summed_values = steps.summed_values
 
 
-def _first_batch(ds: Any) -> Any:
+def _first_batch(ds: Any, drawn: bool = True) -> Any:
+    """The first batch of ``ds``, for building a model from its shapes. A tf.data pipeline's is
+    ``drawn`` from a pass of its own, as Keras-torch's ``fit`` and ``evaluate`` build an unbuilt
+    model (TensorFlow's read the element_spec instead): a pipeline that reshuffles each pass then
+    trains its first epoch on its second order under tnt as in serial Keras-torch. Its predict
+    builds on the first batch it predicts: no pass of its own, the element_spec."""
     if isinstance(ds, keras.utils.PyDataset):
         return ds[0]
     if hasattr(ds, "element_spec"):  # tf.data
-        return ds.element_spec
+        return keras.tree.map_structure(np.asarray, next(iter(ds))) if drawn else ds.element_spec
     return next(iter(ds))
 
 
@@ -51,7 +57,7 @@ def build_for_predict(model: keras.Model, ds: Any) -> None:
         return
     from keras.src import backend as keras_backend
 
-    x, _, _ = keras.utils.unpack_x_y_sample_weight(_first_batch(ds))
+    x, _, _ = keras.utils.unpack_x_y_sample_weight(_first_batch(ds, drawn=False))
     symbolic = keras.tree.map_structure(
         lambda a: None if a is None else keras.KerasTensor(a.shape, keras.backend.standardize_dtype(a.dtype)), x
     )
