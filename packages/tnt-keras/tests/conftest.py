@@ -56,12 +56,18 @@ def tf() -> ModuleType:
 BACKENDS = ("tensorflow", "torch")
 
 
-@pytest.fixture(params=BACKENDS)
-def backend(request: pytest.FixtureRequest) -> str:
-    """The Keras backend a test's ranks run on (KERAS_BACKEND): the tests that take it run on each.
-    torch's tests skip where torch is missing (nox installs it: noxfile.py, TORCH)."""
+def skip_unless_installed(backend: str) -> None:
+    """Skips the calling test, saying why, where ``backend``'s framework is missing (nox installs
+    both: noxfile.py, TORCH)."""
     import importlib.util
 
-    if importlib.util.find_spec(request.param) is None:
-        pytest.skip(f"{request.param} is not installed (pip install torch==2.13.0, or nox's keras session)")
+    if importlib.util.find_spec(backend) is None:
+        pytest.skip(f"{backend} is not installed (pip install torch==2.13.0, or nox's keras session)")
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """The Keras backend a test's ranks run on (KERAS_BACKEND): the tests that take it run on each,
+    skipping where its framework is missing."""
+    skip_unless_installed(request.param)
     return request.param

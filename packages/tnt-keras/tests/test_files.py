@@ -3,7 +3,6 @@ lock-in) and tnt loads as a tnt.Model; files of an earlier tnt, which name the w
 On both backends: Keras' .keras format is the same on each."""
 
 import functools
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,6 +11,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import skip_unless_installed
 from launch import JOBS, Result, run
 
 DATA = Path(__file__).parent / "data"
@@ -28,8 +28,7 @@ def files_job(ranks: int, backend: str) -> Result:
     """plain_files_job on ``ranks`` ranks of ``backend``, run once per test session: one job's
     reports serve both tests below (the job writes, reloads and continues every kind of file,
     legacy ones too)."""
-    if importlib.util.find_spec(backend) is None:
-        pytest.skip(f"{backend} is not installed (pip install torch==2.13.0, or nox's keras session)")
+    skip_unless_installed(backend)
     return run("plain_files_job", ranks, str(DATA), timeout=280, backend=backend)
 
 

@@ -1,9 +1,9 @@
 """verbose=2 with a ProgbarLogger of one's own prints every epoch once, on 1 and 2 ranks, as Keras does."""
 
-import importlib.util
 import re
 
 import pytest
+from conftest import skip_unless_installed
 from launch import run
 
 
@@ -24,8 +24,7 @@ def summaries(text: str) -> int:
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(("ranks", "backend"), [(1, "tensorflow"), (2, "tensorflow"), (2, "torch")])
 def test_a_progbar_logger_of_ones_own_prints_each_epoch_once(ranks: int, backend: str) -> None:
-    if importlib.util.find_spec(backend) is None:
-        pytest.skip(f"{backend} is not installed (pip install torch==2.13.0, or nox's keras session)")
+    skip_unless_installed(backend)
     result = run("progbar_job", ranks, timeout=220, backend=backend)
     out = result.output
     plain, tnt, wrapped = section(out, "plain", "tnt"), section(out, "tnt", "wrapped"), section(out, "wrapped", "end")

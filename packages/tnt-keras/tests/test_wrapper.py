@@ -1,9 +1,7 @@
 """tnt.Model is indistinguishable from the model it wraps, except where tnt intercepts (one rank)."""
 
-import importlib.util
-
 import pytest
-from conftest import BACKENDS
+from conftest import BACKENDS, skip_unless_installed
 from launch import run
 
 KINDS = ("functional", "sequential", "subclassed")
@@ -13,8 +11,7 @@ CLASSES = {"functional": "Functional", "sequential": "Sequential", "subclassed":
 @pytest.fixture(scope="module", params=BACKENDS)
 def result(request: pytest.FixtureRequest) -> dict:
     """The job's report on each backend (once per module and backend: every test reads it)."""
-    if importlib.util.find_spec(request.param) is None:
-        pytest.skip(f"{request.param} is not installed (pip install torch==2.13.0, or nox's keras session)")
+    skip_unless_installed(request.param)
     return run("wrapper_job", 1, timeout=280, backend=request.param).ranks[0]
 
 
