@@ -138,11 +138,7 @@ class SharedEnv:
         # PYTHONPATH as the jobs have it: the source tree's tnt_keras gets its bytecode too, and
         # the script fills the op cache the jobs load from (the source tree has no prebuilt op),
         # so that the first test does not pay for the compile.
-        bytecode = self.start(
-            "python",
-            str(KERAS / "tests" / "write_bytecode.py"),
-            env={"PYTHONDONTWRITEBYTECODE": "", "PYTHONPATH": str(KERAS / "src"), **op_compiler_cache()},
-        )
+        bytecode = self.start(*WRITE_BYTECODE, env={**bytecode_env("tensorflow"), **op_compiler_cache()})
         # With TensorFlow importable at build time, as users get with --no-build-isolation: the wheel
         # then carries the compiled op (test_prebuilt_op checks that it is the one loaded, and that
         # `python -m tnt_keras.ops` finds it). --no-deps: it touches no other package.
@@ -184,8 +180,7 @@ class SharedEnv:
             # Bytecode for what the torch ranks import, as start_keras_install writes TensorFlow's:
             # without it each torch rank compiles torch, SymPy and Keras' torch backend from source
             # where PYTHONDONTWRITEBYTECODE is set, 11 s of CPU more per rank.
-            bytecode_env = {"PYTHONDONTWRITEBYTECODE": "", "PYTHONPATH": str(KERAS / "src"), "KERAS_BACKEND": "torch"}
-            self.run("python", str(KERAS / "tests" / "write_bytecode.py"), env=bytecode_env)
+            self.run(*WRITE_BYTECODE, env=bytecode_env("torch"))
         elif part == "example":
             # scikit-learn (the example's data) goes to a folder of its own, put on PYTHONPATH only
             # where the example runs: Keras imports scikit-learn and SciPy at start when they are
@@ -247,6 +242,16 @@ class SharedEnv:
         # hundreds of ranks the tests start, none of which hands numpy a matrix product worth them.
         blas = {} if "OPENBLAS_NUM_THREADS" in os.environ else {"OPENBLAS_NUM_THREADS": "1"}
         return {"VIRTUAL_ENV": str(self.path), "PATH": path, **blas, **compiler_cache(), **(env or {})}
+
+
+# Writes the bytecode a backend's test ranks import (tnt-keras' tests/write_bytecode.py).
+WRITE_BYTECODE = ("python", str(KERAS / "tests" / "write_bytecode.py"))
+
+
+def bytecode_env(backend: str) -> dict[str, str]:
+    """WRITE_BYTECODE's environment for ``backend``: bytecode writing on, and tnt_keras from the source
+    tree as the jobs import it (so its own modules get bytecode too)."""
+    return {"PYTHONDONTWRITEBYTECODE": "", "PYTHONPATH": str(KERAS / "src"), "KERAS_BACKEND": backend}
 
 
 UV = "uv>=0.5"  # nox's installer for the shared environment (SharedEnv.installer)

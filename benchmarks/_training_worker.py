@@ -131,6 +131,15 @@ def patch_keras_for_mwms() -> None:
     tf_trainer.reduce_per_replica = reduce_per_replica
 
 
+def training_setup(keras: Any) -> dict[str, Any]:
+    """compile()'s arguments for every configuration that trains through Keras: SGD, the loss, accuracy."""
+    return {
+        "optimizer": keras.optimizers.SGD(learning_rate=LEARNING_RATE),
+        "loss": "sparse_categorical_crossentropy",
+        "metrics": ["accuracy"],
+    }
+
+
 def build_from_shapes(model: object, spec: ModelSpec, per_replica_batch: int) -> None:
     """Workaround 1 of ``patch_keras_for_mwms``: build from shapes, then skip Keras' own build step."""
     import keras
@@ -368,11 +377,7 @@ def main() -> int:
 
     spec = MODELS[args.model]
     keras.utils.set_random_seed(args.seed)
-    compile_args = {
-        "optimizer": keras.optimizers.SGD(learning_rate=LEARNING_RATE),
-        "loss": "sparse_categorical_crossentropy",
-        "metrics": ["accuracy"],
-    }
+    compile_args = training_setup(keras)
     if strategy is not None:
         with strategy.scope():
             model = spec.build(keras)
@@ -515,11 +520,7 @@ def main_torch(args: argparse.Namespace, bench_dir: Path | None, started: float)
     else:
         if tnt is not None:
             model = tnt.Model(model)
-        model.compile(
-            optimizer=keras.optimizers.SGD(learning_rate=LEARNING_RATE),
-            loss="sparse_categorical_crossentropy",
-            metrics=["accuracy"],
-        )
+        model.compile(**training_setup(keras))
         records = time_epochs(keras, bench_dir, tag)
         model.fit(batches, epochs=1 + args.rounds, steps_per_epoch=args.steps, shuffle=False, verbose=0)
     fit_seconds = time.perf_counter() - fit_start

@@ -120,11 +120,7 @@ def compiled(spec: Any, wrap: bool) -> keras.Model:
     model = spec.build(keras)
     if wrap:
         model = tnt.Model(model)
-    model.compile(
-        optimizer=keras.optimizers.SGD(learning_rate=worker.LEARNING_RATE),
-        loss="sparse_categorical_crossentropy",
-        metrics=["accuracy"],
-    )
+    model.compile(**worker.training_setup(keras))
     return model
 
 

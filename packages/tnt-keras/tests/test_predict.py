@@ -3,6 +3,7 @@ structure on every rank, equal to serial Keras."""
 
 import numpy as np
 import pytest
+from conftest import skip_unless_installed
 from launch import run
 
 TOL = 1e-6
@@ -21,7 +22,7 @@ def test_predict(ranks: int) -> None:
 
 @pytest.mark.timeout(420)
 def test_predict_on_torch() -> None:
-    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0; nox installs it)")
+    skip_unless_installed("torch")
     check_predict(run("predict_job", 2, timeout=400, backend="torch"), 2, "torch")
 
 

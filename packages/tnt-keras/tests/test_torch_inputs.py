@@ -4,12 +4,13 @@ installed) tf.data, by the global-batch rule."""
 import importlib.util
 
 import pytest
+from conftest import skip_unless_installed
 from launch import run
 
 
 @pytest.mark.timeout(200)
 def test_torch_inputs_follow_the_global_batch_rule() -> None:
-    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0; nox installs it)")
+    skip_unless_installed("torch")
     result = run("torch_inputs_job", 3, timeout=180, backend="torch")
     everyone = result.ranks
     for r in everyone:

@@ -3,6 +3,7 @@
 import warnings
 
 import pytest
+from conftest import skip_unless_installed
 from launch import Result, run
 
 TOL = 1e-6
@@ -55,7 +56,7 @@ def test_training_equals_serial(ranks: int) -> None:
 def test_training_on_torch_equals_serial(ranks: int) -> None:
     """The same scenarios on Keras' torch backend, against serial Keras-torch: gradients summed by
     autograd hooks as backward produces them, the inputs sliced before Keras sees them."""
-    pytest.importorskip("torch", reason="torch is not installed (pip install torch==2.13.0; nox installs it)")
+    skip_unless_installed("torch")
     check_equal_training(run("train_equal", ranks, timeout=400, backend="torch"), ranks)
 
 
