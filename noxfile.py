@@ -15,7 +15,9 @@ COMM = ROOT / "packages" / "tnt-comm"
 LAUNCH = ROOT / "packages" / "tnt-launch"
 KERAS = ROOT / "packages" / "tnt-keras"
 COMM_BUILD = COMM / "build" / "shared-env"  # tnt-comm's build for the shared environment
-TEST_DEPS = ["pytest>=8", "pytest-timeout", "pytest-xdist", "hypothesis", "psutil", "rich"]
+# pytest before 9.2: pytest-xdist 3.8's --dist loadgroup marks a test's group in an attribute that
+# pytest 9.2 no longer reads, so every worker would run its own copy of tnt-keras' bundled jobs.
+TEST_DEPS = ["pytest>=8,<9.2", "pytest-timeout", "pytest-xdist", "hypothesis", "psutil", "rich"]
 # What examples/keras_digits.py needs beyond tnt (numpy is in the shared environment), and where.
 EXAMPLE_PACKAGES = ["scikit-learn", "scipy", "joblib", "threadpoolctl", "cloudpickle", "narwhals"]
 EXAMPLE_DEPS = ROOT / ".nox" / "example-deps"
@@ -29,15 +31,34 @@ def concurrently(dist: str = "load", per_core: float = 1) -> list[str]:
     workers per core (at most 4): their ranks spend much of a test waiting (process start,
     rendezvous, timeouts); tnt-comm's suite ran 1.8x faster with two workers on two cores.
     ``dist="loadfile"`` keeps each test file on one worker, for files whose tests share a costly
-    module fixture or cache. Not for suites whose tests look at machine-wide state (/dev/shm before
-    and after, every process of the user)."""
+    module fixture or cache; ``dist="loadgroup"`` each group the tests' conftest.py names. Not for
+    suites whose tests look at machine-wide state (/dev/shm before and after, every process of the
+    user)."""
     cores = len(os.sched_getaffinity(0))
     if cores < 2:
         return []
-    # By file, in the order the suite's conftest.py gives them (the costliest first), not xdist's
-    # (by their number of tests).
-    order = ["--no-loadscope-reorder"] if dist == "loadfile" else []
+    # By file or group, in the order the suite's conftest.py gives them (the costliest first), not
+    # xdist's (by their number of tests).
+    order = ["--no-loadscope-reorder"] if dist in ("loadfile", "loadgroup") else []
     return ["-n", str(min(int(cores * per_core), 4)), "--dist", dist, *order]
+
+
+def build_tools() -> list[str]:
+    """CMake and Ninja from PyPI for tnt-comm's builds, where the machine has none of its own
+    (.ci/run installs Debian's): in the shared environment they would take 86 MB."""
+    wanted = []
+    try:
+        version = subprocess.run(["cmake", "--version"], capture_output=True, text=True, check=True).stdout.split()[2]
+        if tuple(int(part) for part in version.split(".")[:2]) < CMAKE_MINIMUM:
+            wanted.append("cmake")
+    except (OSError, subprocess.CalledProcessError, IndexError, ValueError):
+        wanted.append("cmake")
+    if shutil.which("ninja") is None:
+        wanted.append("ninja")
+    return wanted
+
+
+CMAKE_MINIMUM = (3, 18)  # packages/tnt-comm/CMakeLists.txt: cmake_minimum_required
 
 
 nox.options.sessions = [
@@ -67,7 +88,7 @@ class SharedEnv:
     # Parts that plain requirements make up: a session installs all of those it needs in one pip.
     PLAIN = {
         "ruff": ["ruff"],
-        "build": ["scikit-build-core>=0.10", "pybind11>=2.12", "cmake", "ninja", "numpy"],
+        "build": ["scikit-build-core>=0.10", "pybind11>=2.12", *build_tools(), "numpy"],
         "test": [*TEST_DEPS, "ml_dtypes"],
     }
     REQUIRES = {"comm": ["build"], "keras": ["comm", "launch"]}
@@ -83,7 +104,7 @@ class SharedEnv:
         wanted = self.closure(parts)
         plain = [p for p in wanted if p in self.PLAIN and p not in SharedEnv.installed]
         # uv comes with the environment's first install (by pip); every later one goes through it.
-        bootstrap = [UV] if not use_pip() and not (self.bin / "uv").exists() else []
+        bootstrap = [UV] if not use_pip() and self.uv() is None else []
         if plain or bootstrap:
             self.pip(*bootstrap, *(r for p in plain for r in self.PLAIN[p]))
             SharedEnv.installed.update(plain)
@@ -113,7 +134,7 @@ class SharedEnv:
         SharedEnv.ahead_started = True
         requirements = keras_requirements()
         if requirements:
-            pip = self.installer("--no-compile", *requirements, str(LAUNCH))
+            pip = self.installer("--no-compile", *self.excluded(), *requirements, str(LAUNCH))
             SharedEnv.ahead["keras requirements"] = [self.start(*pip)]
         if runs_later(self.session, "integration"):
             SharedEnv.ahead["example"] = [self.start(*self.installer(*EXAMPLE_PIP))]
@@ -169,7 +190,7 @@ class SharedEnv:
                 # the ones that are get theirs from write_bytecode.py. Not needed where the
                 # background install put in every requirement.
                 if not self.finish_ahead("keras requirements"):
-                    self.pip("--no-compile", f"{KERAS}[cpu,test]", "hatchling")
+                    self.pip("--no-compile", *self.excluded(), f"{KERAS}[cpu,test]", "hatchling")
                 for proc in self.start_keras_install():
                     self.wait(proc)
         elif part == "torch":
@@ -204,12 +225,27 @@ class SharedEnv:
         in the environment, else pip. uv resolves and links packages from its cache in a fraction of
         pip's time (the test tools: 3.5 s against 10 s; TensorFlow and the rest: 1-5 s against 14 s).
         uv compiles bytecode only when asked to, and pip unless told not to: each keeps pip's choice."""
-        uv = self.bin / "uv"
-        if use_pip() or not uv.exists():
+        uv = self.uv()
+        if use_pip() or uv is None:
             return ["python", "-m", "pip", "install", "-q", *args]
         bytecode = [] if "--no-compile" in args else ["--compile-bytecode"]
         options = ["--reinstall" if a == "--force-reinstall" else a for a in args if a != "--no-compile"]
         return [str(uv), "pip", "install", "-q", "--python", str(self.bin / "python"), *bytecode, *options]
+
+    def uv(self) -> str | None:
+        """uv in the environment, else one beside nox (.ci/run installs it there: 38 MB that the
+        environment then need not hold), else None."""
+        if (self.bin / "uv").exists():
+            return str(self.bin / "uv")
+        return shutil.which("uv")
+
+    def excluded(self) -> list[str]:
+        """uv's options that leave out what TensorFlow requires but no test uses (pip cannot)."""
+        if use_pip() or self.uv() is None:
+            return []
+        excludes = self.path.parent / "excludes.txt"
+        excludes.write_text("".join(f"{name}\n" for name in UNUSED_REQUIREMENTS))
+        return ["--excludes", str(excludes)]
 
     def run(self, program: str, *args: str, env: dict[str, str] | None = None) -> None:
         self.session.run(*self._argv(program, args), env=self._env(env), external=True)
@@ -254,7 +290,12 @@ def bytecode_env(backend: str) -> dict[str, str]:
     return {"PYTHONDONTWRITEBYTECODE": "", "PYTHONPATH": str(KERAS / "src"), "KERAS_BACKEND": backend}
 
 
-UV = "uv>=0.5"  # nox's installer for the shared environment (SharedEnv.installer)
+UV = "uv>=0.9"  # nox's installer for the shared environment (SharedEnv.installer; --excludes)
+# Requirements of TensorFlow's that nothing here imports, left out of the shared environment (81 MB
+# of its 2.5 GB): libclang, which only TensorFlow's build scripts use, and TensorBoard's data server,
+# a program that the `tensorboard` command starts (the tests write TensorBoard logs, which the
+# `tensorboard` package does without it).
+UNUSED_REQUIREMENTS = ["libclang", "tensorboard-data-server"]
 # The torch the keras session tests tnt-keras' torch backend with (SharedEnv.need("torch")).
 TORCH = "torch==2.13.0"
 
@@ -443,12 +484,13 @@ def launch(session: nox.Session) -> None:
 def keras(session: nox.Session) -> None:
     """tnt-keras's tests: real ranks under tnt-launch against serial Keras, callbacks, saving, errors."""
     env = SharedEnv(session, "keras", "torch", "test")
-    # By file: test_ops builds the op once per module, and test_training's jobs share the serial
-    # references. Bound by TensorFlow's CPU time in every rank, the ranks still leave a core idle at
-    # times: on 2 cores, 287 s with two workers against 340 s with one (2026-11-24).
+    # By group (tests/conftest.py): a file's tests together (test_ops builds the op once per module),
+    # and each backend's bundled jobs on one worker, where they run once (tests/launch.py: BUNDLES).
+    # Bound by TensorFlow's CPU time in every rank, the ranks still leave a core idle at times: on 2
+    # cores, 287 s with two workers against 340 s with one (2026-11-24).
     env.run(
         "pytest",
-        *(str(KERAS / "tests"), "-q", "-rs", "--durations=10", *concurrently("loadfile"), *session.posargs),
+        *(str(KERAS / "tests"), "-q", "-rs", "--durations=10", *concurrently("loadgroup"), *session.posargs),
         env=op_compiler_cache(),
     )
 

@@ -1,4 +1,5 @@
 import sys
+import warnings
 from pathlib import Path
 from types import ModuleType
 
@@ -9,37 +10,71 @@ sys.path.insert(0, str(HERE))
 # tnt-comm's rank spawner (ranks.py) serves these tests too, for jobs that need no launcher.
 sys.path.insert(0, str(HERE.parents[1] / "tnt-comm" / "tests"))
 
-# Seconds each test file keeps one worker busy on 2 cores (`pytest -n 2 --dist loadfile
-# --durations=0`, 2026-11-27, both backends; the files whose tests changed since, estimated from
-# their jobs' times). With --no-loadscope-reorder (nox passes it) pytest-xdist hands out whole files
-# in collection order, so the costliest go first and the light ones fill in at the end: by the
-# number of tests per file (xdist's own order) one worker idled for the last 30 s of a 331 s run.
-FILE_SECONDS = {
-    "test_training.py": 216,
+from launch import BUNDLES, SECONDS_PER_BUNDLED_JOB, bundles_enabled  # noqa: E402
+
+# Seconds each test file keeps one worker busy on 2 cores (`pytest -n 2 --dist loadgroup
+# --durations=0`, 2026-11-27, both backends), and each backend's bundled jobs (launch.BUNDLES) with
+# the tests that read them. With --no-loadscope-reorder (nox passes it) pytest-xdist hands out the
+# groups in collection order, so the costliest go first and the light ones fill in at the end: by
+# the number of tests per file (xdist's own order) one worker idled for the last 30 s of a 331 s run.
+GROUP_SECONDS = {
+    "jobs-tensorflow": 300,
+    "jobs-torch": 200,
     "test_large_models.py": 139,
-    "test_ops.py": 127,
-    "test_data.py": 114,
-    "test_saving.py": 112,
+    "test_training.py": 120,
     "test_failures.py": 107,
-    "test_predict.py": 72,
-    "test_files.py": 61,
-    "test_callbacks.py": 61,
-    "test_save_failures.py": 54,
-    "test_optimizers.py": 31,
-    "test_progbar.py": 28,
-    "test_progress_tty.py": 28,
-    "test_torch_inputs.py": 23,
+    "test_ops.py": 90,
+    "test_optimizers.py": 36,
+    "test_progbar.py": 35,
+    "test_progress_tty.py": 34,
     "test_prebuilt_op.py": 21,
-    "test_wrapper.py": 18,
     "test_slicing.py": 9,
     "test_buckets.py": 5,
 }
-NEW_FILE_SECONDS = 20  # a file not measured yet goes among the middling ones
+NEW_GROUP_SECONDS = 20  # a file not measured yet goes among the middling ones
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "bundled(backend=None): the test reads jobs of launch.BUNDLES, on ``backend`` (else the one its "
+        "parameters name, else TensorFlow); conftest.py keeps each backend's such tests on one worker",
+    )
+
+
+def group_of(item: pytest.Item) -> str:
+    """The pytest-xdist group ``item`` runs in: its backend's bundled jobs, or its file (the tests of a
+    file share module fixtures and caches, as --dist loadfile would keep them)."""
+    marker = item.get_closest_marker("bundled")
+    if marker is None or not bundles_enabled():
+        return item.path.name
+    params = item.callspec.params.values() if hasattr(item, "callspec") else ()
+    backend = marker.args[0] if marker.args else next((v for v in params if v in BACKENDS), "tensorflow")
+    return f"jobs-{backend}"
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # A stable sort: each file's tests keep their order.
-    items.sort(key=lambda item: -FILE_SECONDS.get(item.path.name, NEW_FILE_SECONDS))
+    # The first test of a bundle starts the whole bundle: it gets the bundle's time.
+    bundle_timeout = SECONDS_PER_BUNDLED_JOB * max(len(jobs) for jobs in BUNDLES.values()) + 120
+    for item in items:
+        group = group_of(item)
+        item.add_marker(pytest.mark.xdist_group(group))
+        if group.startswith("jobs-"):
+            item.add_marker(pytest.mark.timeout(bundle_timeout), append=False)
+    # A stable sort: each group's tests keep their order.
+    items.sort(key=lambda item: -GROUP_SECONDS.get(group_of(item), NEW_GROUP_SECONDS))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # pytest-xdist puts a test's group into its id; where it cannot (pytest-xdist 3.8 under pytest
+    # 9.2), every worker runs the bundles its tests need: the same results, more CPU.
+    if session.config.getvalue("loadgroup") and any("@" not in item.nodeid for item in session.items):
+        warnings.warn(
+            "pytest-xdist's groups did not reach the test ids: each worker runs its own copy of the bundled "
+            "jobs (pip install 'pytest<9.2' with pytest-xdist 3.8)",
+            stacklevel=1,
+        )
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,9 @@
 import pytest
 from launch import run
 
+# Its jobs run in their backend's bundles (launch.BUNDLES).
+pytestmark = pytest.mark.bundled
+
 TOL = 1e-6
 
 

@@ -14,6 +14,9 @@ import pytest
 from conftest import skip_unless_installed
 from launch import JOBS, Result, run
 
+# Its jobs run in their backend's bundles (launch.BUNDLES).
+pytestmark = pytest.mark.bundled
+
 DATA = Path(__file__).parent / "data"
 KINDS = {"functional": "Functional", "sequential": "Sequential", "subclassed": "Subclassed"}
 

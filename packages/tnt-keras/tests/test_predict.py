@@ -16,11 +16,13 @@ def close(a: list[float], b: list[float]) -> bool:
 
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.bundled
 def test_predict(ranks: int) -> None:
     check_predict(run("predict_job", ranks, timeout=400), ranks, "tensorflow")
 
 
 @pytest.mark.timeout(420)
+@pytest.mark.bundled("torch")
 def test_predict_on_torch() -> None:
     skip_unless_installed("torch")
     check_predict(run("predict_job", 2, timeout=400, backend="torch"), 2, "torch")

@@ -6,6 +6,9 @@ import sys
 import pytest
 from launch import run
 
+# Its jobs run in their backend's bundles (launch.BUNDLES).
+pytestmark = pytest.mark.bundled
+
 # case: (the error's class, what the other ranks' message says rank 0 failed to do)
 FAILED_ON_RANK_0 = {
     "save": ("NotADirectoryError", "save '"),

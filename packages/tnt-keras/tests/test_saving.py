@@ -3,6 +3,9 @@
 import pytest
 from launch import run
 
+# Its jobs run in their backend's bundles (launch.BUNDLES).
+pytestmark = pytest.mark.bundled
+
 
 @pytest.mark.timeout(360)
 def test_save_load_round_trips(backend: str) -> None:

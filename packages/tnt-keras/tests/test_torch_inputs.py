@@ -9,6 +9,7 @@ from launch import run
 
 
 @pytest.mark.timeout(200)
+@pytest.mark.bundled("torch")
 def test_torch_inputs_follow_the_global_batch_rule() -> None:
     skip_unless_installed("torch")
     result = run("torch_inputs_job", 3, timeout=180, backend="torch")

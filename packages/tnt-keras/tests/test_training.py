@@ -33,7 +33,8 @@ TRANSPORTS = {1: None, 2: "gpi2", 3: "tcp"}
 
 
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize("ranks", [1, 2, 3])
+# 1 rank needs no launcher option: its job runs in a bundle (launch.BUNDLES).
+@pytest.mark.parametrize("ranks", [pytest.param(1, marks=pytest.mark.bundled), 2, 3])
 def test_training_equals_serial(ranks: int) -> None:
     transport = TRANSPORTS[ranks]
     if transport == "gpi2" and not gpi2_built():
@@ -53,6 +54,7 @@ def test_training_equals_serial(ranks: int) -> None:
 
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.bundled("torch")
 def test_training_on_torch_equals_serial(ranks: int) -> None:
     """The same scenarios on Keras' torch backend, against serial Keras-torch: gradients summed by
     autograd hooks as backward produces them, the inputs sliced before Keras sees them."""

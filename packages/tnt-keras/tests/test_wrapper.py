@@ -4,6 +4,9 @@ import pytest
 from conftest import BACKENDS, skip_unless_installed
 from launch import run
 
+# Its jobs run in their backend's bundles (launch.BUNDLES).
+pytestmark = pytest.mark.bundled
+
 KINDS = ("functional", "sequential", "subclassed")
 CLASSES = {"functional": "Functional", "sequential": "Sequential", "subclassed": "Subclassed"}
 
