@@ -237,7 +237,8 @@ class SharedEnv:
         environment then need not hold), else None."""
         if (self.bin / "uv").exists():
             return str(self.bin / "uv")
-        return shutil.which("uv")
+        beside = shutil.which("uv")
+        return beside if beside is not None and uv_version(beside) >= UV_MINIMUM else None
 
     def excluded(self) -> list[str]:
         """uv's options that leave out what TensorFlow requires but no test uses (pip cannot)."""
@@ -291,6 +292,16 @@ def bytecode_env(backend: str) -> dict[str, str]:
 
 
 UV = "uv>=0.9"  # nox's installer for the shared environment (SharedEnv.installer; --excludes)
+UV_MINIMUM = (0, 9)
+
+
+def uv_version(uv: str) -> tuple[int, ...]:
+    """``uv``'s version ("uv 0.13.9 (...)"), or () where it does not say."""
+    try:
+        out = subprocess.run([uv, "--version"], capture_output=True, text=True, check=True).stdout
+        return tuple(int(part) for part in out.split()[1].split(".")[:2])
+    except (OSError, subprocess.CalledProcessError, IndexError, ValueError):
+        return ()
 # Requirements of TensorFlow's that nothing here imports, left out of the shared environment (81 MB
 # of its 2.5 GB): libclang, which only TensorFlow's build scripts use, and TensorBoard's data server,
 # a program that the `tensorboard` command starts (the tests write TensorBoard logs, which the
