@@ -16,7 +16,8 @@ LAUNCH = ROOT / "packages" / "tnt-launch"
 KERAS = ROOT / "packages" / "tnt-keras"
 COMM_BUILD = COMM / "build" / "shared-env"  # tnt-comm's build for the shared environment
 # pytest before 9.2: pytest-xdist 3.8's --dist loadgroup marks a test's group in an attribute that
-# pytest 9.2 no longer reads, so every worker would run its own copy of tnt-keras' bundled jobs.
+# pytest 9.2 no longer reads (pytest-dev/pytest-xdist#1386, fix open), so every worker would run its
+# own copy of tnt-keras' bundled jobs.
 TEST_DEPS = ["pytest>=8,<9.2", "pytest-timeout", "pytest-xdist", "hypothesis", "psutil", "rich"]
 # What examples/keras_digits.py needs beyond tnt (numpy is in the shared environment), and where.
 EXAMPLE_PACKAGES = ["scikit-learn", "scipy", "joblib", "threadpoolctl", "cloudpickle", "narwhals"]
