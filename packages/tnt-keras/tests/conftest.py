@@ -69,7 +69,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_collection_finish(session: pytest.Session) -> None:
     # pytest-xdist puts a test's group into its id; where it cannot (pytest-xdist 3.8 under pytest
     # 9.2), every worker runs the bundles its tests need: the same results, more CPU.
-    if session.config.getvalue("loadgroup") and any("@" not in item.nodeid for item in session.items):
+    # (Only an xdist worker of --dist loadgroup has the option.)
+    grouped = getattr(session.config.option, "loadgroup", False)
+    if grouped and any("@" not in item.nodeid for item in session.items):
         warnings.warn(
             "pytest-xdist's groups did not reach the test ids: each worker runs its own copy of the bundled "
             "jobs (pip install 'pytest<9.2' with pytest-xdist 3.8)",

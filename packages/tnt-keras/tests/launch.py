@@ -128,20 +128,24 @@ def run(
         if wanted not in finished:
             raise AssertionError(f"{job} on {ranks} ranks did not finish in its bundle; {failure}")
         return finished[wanted]
-    return _launch(job, ranks, args, timeout, env, check, launcher_args, backend)
+    return _launch(
+        job, ranks, args, timeout=timeout, env=env, check=check, launcher_args=launcher_args, backend=backend
+    )
 
 
 def _launch(
     job: str,
     ranks: int,
     args: tuple[str, ...],
+    *,
     timeout: float,
-    env: dict[str, str] | None,
-    check: bool,
-    launcher_args: tuple[str, ...],
-    backend: str | None,
+    env: dict[str, str] | None = None,
+    check: bool = True,
+    launcher_args: tuple[str, ...] = (),
+    backend: str | None = None,
     prepare: Callable[[Path], tuple[str, ...]] | None = None,
 ) -> Result:
+    """``run`` without bundles; ``prepare`` makes the job's arguments once its folder exists."""
     out_dir = Path(tempfile.mkdtemp(prefix=f"tnt-keras-{job}-"))
     # Tests read the folder after the job (reports, files the job wrote); it goes when pytest exits.
     atexit.register(shutil.rmtree, out_dir, ignore_errors=True)
@@ -200,7 +204,9 @@ def _bundled(name: str) -> tuple[dict[Job, Result], str]:
     first = jobs[0]
     timeout = SECONDS_PER_BUNDLED_JOB * len(jobs)
     try:
-        launched = _launch("_bundle", first.ranks, (), timeout, None, False, (), first.backend, prepare)
+        launched = _launch(
+            "_bundle", first.ranks, (), timeout=timeout, check=False, backend=first.backend, prepare=prepare
+        )
     except subprocess.TimeoutExpired as e:
         # (TimeoutExpired keeps the output as bytes, even of a text-mode run.)
         output = "".join(o.decode(errors="replace") if isinstance(o, bytes) else o or "" for o in (e.stdout, e.stderr))
