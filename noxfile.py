@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -44,22 +45,30 @@ def concurrently(dist: str = "load", per_core: float = 1) -> list[str]:
     return ["-n", str(min(int(cores * per_core), 4)), "--dist", dist, *order]
 
 
-def build_tools() -> list[str]:
-    """CMake and Ninja from PyPI for tnt-comm's builds, where the machine has none of its own
-    (.ci/run installs Debian's): in the shared environment they would take 86 MB."""
-    wanted = []
+def version_of(program: str) -> tuple[int, ...]:
+    """The major and minor version ``program --version`` prints first ("cmake version 3.25.1",
+    "uv 0.13.9 (...)"), or () where it cannot run or says none."""
     try:
-        version = subprocess.run(["cmake", "--version"], capture_output=True, text=True, check=True).stdout.split()[2]
-        if tuple(int(part) for part in version.split(".")[:2]) < CMAKE_MINIMUM:
-            wanted.append("cmake")
-    except (OSError, subprocess.CalledProcessError, IndexError, ValueError):
-        wanted.append("cmake")
-    if shutil.which("ninja") is None:
-        wanted.append("ninja")
-    return wanted
+        out = subprocess.run([program, "--version"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return ()
+    for word in out.split():
+        parts = word.split(".")
+        if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit():
+            return (int(parts[0]), int(parts[1]))
+    return ()
 
 
 CMAKE_MINIMUM = (3, 18)  # packages/tnt-comm/CMakeLists.txt: cmake_minimum_required
+
+
+def build_tools() -> list[str]:
+    """CMake and Ninja from PyPI for tnt-comm's builds, where the machine has none of its own
+    (.ci/run installs Debian's): in the shared environment they would take 86 MB."""
+    return [
+        *(["cmake"] if version_of("cmake") < CMAKE_MINIMUM else []),
+        *(["ninja"] if shutil.which("ninja") is None else []),
+    ]
 
 
 nox.options.sessions = [
@@ -238,8 +247,7 @@ class SharedEnv:
         environment then need not hold), else None."""
         if (self.bin / "uv").exists():
             return str(self.bin / "uv")
-        beside = shutil.which("uv")
-        return beside if beside is not None and uv_version(beside) >= UV_MINIMUM else None
+        return uv_beside_nox()
 
     def excluded(self) -> list[str]:
         """uv's options that leave out what TensorFlow requires but no test uses (pip cannot)."""
@@ -296,13 +304,13 @@ UV = "uv>=0.9"  # nox's installer for the shared environment (SharedEnv.installe
 UV_MINIMUM = (0, 9)
 
 
-def uv_version(uv: str) -> tuple[int, ...]:
-    """``uv``'s version ("uv 0.13.9 (...)"), or () where it does not say."""
-    try:
-        out = subprocess.run([uv, "--version"], capture_output=True, text=True, check=True).stdout
-        return tuple(int(part) for part in out.split()[1].split(".")[:2])
-    except (OSError, subprocess.CalledProcessError, IndexError, ValueError):
-        return ()
+@functools.cache
+def uv_beside_nox() -> str | None:
+    """A uv on PATH, outside the environment, recent enough for UV's options; looked up once."""
+    found = shutil.which("uv")
+    return found if found is not None and version_of(found) >= UV_MINIMUM else None
+
+
 # Requirements of TensorFlow's that nothing here imports, left out of the shared environment (81 MB
 # of its 2.5 GB): libclang, which only TensorFlow's build scripts use, and TensorBoard's data server,
 # a program that the `tensorboard` command starts (the tests write TensorBoard logs, which the

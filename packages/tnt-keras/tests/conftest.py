@@ -57,13 +57,14 @@ def group_of(item: pytest.Item) -> str:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # The first test of a bundle starts the whole bundle: it gets the bundle's time.
     bundle_timeout = SECONDS_PER_BUNDLED_JOB * max(len(jobs) for jobs in BUNDLES.values()) + 120
+    groups = {id(item): group_of(item) for item in items}
     for item in items:
-        group = group_of(item)
+        group = groups[id(item)]
         item.add_marker(pytest.mark.xdist_group(group))
         if group.startswith("jobs-"):
             item.add_marker(pytest.mark.timeout(bundle_timeout), append=False)
     # A stable sort: each group's tests keep their order.
-    items.sort(key=lambda item: -GROUP_SECONDS.get(group_of(item), NEW_GROUP_SECONDS))
+    items.sort(key=lambda item: -GROUP_SECONDS.get(groups[id(item)], NEW_GROUP_SECONDS))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

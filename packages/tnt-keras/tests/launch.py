@@ -60,6 +60,15 @@ def _jobs(backend: str, ranks: int, *jobs: tuple[str, tuple[str, ...], dict[str,
 # datasets job builds a shuffle that tnt has not seeded yet, and the torch inputs job checks that tnt
 # imported no TensorFlow (the other jobs do, through Keras' set_random_seed, which seeds TensorFlow
 # too wherever it is installed).
+# The 2-rank jobs that both backends run.
+ON_BOTH_BACKENDS_2 = (
+    "callbacks_job",
+    "predict_job",
+    ("save_failure_job", ("two",), {}),
+    "saving_job",
+    "saving_files_job",
+    ("plain_files_job", (str(DATA),), {}),
+)
 BUNDLES: dict[str, tuple[Job, ...]] = {
     "tensorflow-1": _jobs(
         "tensorflow", 1, "data_job", "train_equal", ("plain_files_job", (str(DATA),), {}), "wrapper_job"
@@ -68,26 +77,11 @@ BUNDLES: dict[str, tuple[Job, ...]] = {
         "tensorflow",
         2,
         "data_job",
-        "callbacks_job",
+        *ON_BOTH_BACKENDS_2,
         ("tensorboard_job", (), {"TNT_TENSORBOARD_ON_ALL_DEVICES": "true"}),
-        "predict_job",
-        ("save_failure_job", ("two",), {}),
-        "saving_job",
-        "saving_files_job",
-        ("plain_files_job", (str(DATA),), {}),
     ),
     "tensorflow-3": _jobs("tensorflow", 3, "data_job", "predict_job", ("save_failure_job", ("three",), {})),
-    "torch-2": _jobs(
-        "torch",
-        2,
-        "train_equal",
-        "callbacks_job",
-        "predict_job",
-        ("save_failure_job", ("two",), {}),
-        "saving_job",
-        "saving_files_job",
-        ("plain_files_job", (str(DATA),), {}),
-    ),
+    "torch-2": _jobs("torch", 2, "train_equal", *ON_BOTH_BACKENDS_2),
     "torch-3": _jobs("torch", 3, "torch_inputs_job", "train_equal", ("save_failure_job", ("three",), {})),
 }
 BUNDLED = {job: name for name, jobs in BUNDLES.items() for job in jobs}
@@ -190,14 +184,16 @@ def _bundled(name: str) -> tuple[dict[Job, Result], str]:
     tell the tests of those that did not (the launch's output); kept either way, so that a failed
     bundle is not run again for each of its tests."""
     jobs = BUNDLES[name]
+    folders = [f"{i}-{job.script}" for i, job in enumerate(jobs)]  # each job's, in the launch's folder
 
     def prepare(out_dir: Path) -> tuple[str, ...]:
         entries = []
-        for i, job in enumerate(jobs):
-            folder = out_dir / f"{i}-{job.script}"
-            folder.mkdir()
+        for job, folder in zip(jobs, folders, strict=True):
+            (out_dir / folder).mkdir()
             script, env = str(JOBS / f"{job.script}.py"), dict(job.env)
-            entries.append({"name": job.script, "script": script, "args": job.args, "env": env, "out": str(folder)})
+            entries.append(
+                {"name": job.script, "script": script, "args": job.args, "env": env, "out": str(out_dir / folder)}
+            )
         (out_dir / "bundle.json").write_text(json.dumps(entries))
         return (str(out_dir / "bundle.json"),)
 
@@ -212,8 +208,8 @@ def _bundled(name: str) -> tuple[dict[Job, Result], str]:
         output = "".join(o.decode(errors="replace") if isinstance(o, bytes) else o or "" for o in (e.stdout, e.stderr))
         return {}, f"bundle {name} did not end within {timeout} s:\n{output[-6000:]}"
     results = {}
-    for i, job in enumerate(jobs):
-        folder = launched.out_dir / f"{i}-{job.script}"
+    for job, name_of_folder in zip(jobs, folders, strict=True):
+        folder = launched.out_dir / name_of_folder
         if (folder / "done").exists():
             ranks = [json.loads((folder / f"rank{r}.json").read_text()) for r in range(job.ranks)]
             results[job] = Result(0, launched.output, ranks, folder)

@@ -6,9 +6,9 @@ takes 10 CPU-s on TensorFlow and 16 on torch, and a second model in it adds unde
 same number of ranks and backend, with no launcher options and nothing read at the ranks' start
 that differs between them, therefore run here in one launch, each as if started alone: its own
 TNT_TEST_OUT folder and arguments, its environment additions, a fresh Keras session and unseeded
-random generators. Every rank
-runs the same scripts in the same order and meets the others at a barrier after each, so every
-job starts with all ranks at the same point of the program, as in a job of its own.
+random generators. Every rank runs the same scripts in the same order and meets the others at a
+barrier after each, so every job starts with all ranks at the same point of the program, as in a
+job of its own.
 
 An exception ends the rank as it ends a job: the launcher stops the others, and the tests read which
 jobs finished from the ``done`` file each leaves in its folder.
