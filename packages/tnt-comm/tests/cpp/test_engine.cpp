@@ -1,16 +1,23 @@
 // The runtime end to end in real processes (fork): engine, channels, shm and TCP links, every
 // collective, fusion, failure handling, and finalize() waiting for a peer to read its last message.
 // Run under ASan/UBSan and TSan by the nox sessions.
+#include <netinet/in.h>
 #include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <numeric>
+#include <random>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -23,6 +30,33 @@ using namespace tnt;
 
 namespace {
 
+// Closes a file descriptor when it goes out of scope.
+struct Fd {
+  int fd;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// A port nobody holds now, for a job's rank 0 to listen on. Picked below 10240 as tests/ranks.py
+// does, and for the same reason: the kernel hands ports of its ephemeral range (Linux: 32768-60999)
+// to outgoing connections, and once one of them took the port a job had derived from its pid
+// before rank 0 bound it; tnt-comm picks GPI-2's ports from 10240 to 32767.
+int free_port() {
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_int_distribution<int> pick(2048, 10239);
+  for (int attempt = 0; attempt < 64; ++attempt) {
+    const int port = pick(rng);
+    Fd s{::socket(AF_INET, SOCK_STREAM, 0)};
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(static_cast<std::uint16_t>(port));
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (s.fd >= 0 && ::bind(s.fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) == 0) return port;
+  }
+  throw std::runtime_error("no free port between 2048 and 10239 in 64 tries");
+}
+
 // A rank of job `job` over `transport` ("mixed": two fake hosts, shm within and TCP between).
 Identity identity(int rank, int size, int port, const std::string& transport, const std::string& job) {
   Identity id;
@@ -32,7 +66,7 @@ Identity identity(int rank, int size, int port, const std::string& transport, co
   id.local_size = size;
   id.node_rank = transport == "mixed" ? rank % 2 : 0;
   id.master_port = port;
-  id.job_id = job + std::to_string(::getppid()) + transport;
+  id.job_id = job + std::to_string(::getppid()) + transport + std::to_string(port);
   id.token = "secret";
   id.transport = transport == "mixed" ? "auto" : transport;
   id.timeout_s = 60;
@@ -43,7 +77,13 @@ Identity identity(int rank, int size, int port, const std::string& transport, co
 bool run_ranks(int size, const std::function<int(int)>& rank_main) {
   std::vector<pid_t> pids;
   for (int r = 0; r < size; ++r) {
-    pid_t pid = ::fork();
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      std::perror("fork");
+      for (pid_t started : pids) ::kill(started, SIGKILL);
+      for (pid_t started : pids) ::waitpid(started, nullptr, 0);
+      return false;
+    }
     if (pid == 0) {
       int rc = 1;
       try {
@@ -56,11 +96,20 @@ bool run_ranks(int size, const std::function<int(int)>& rank_main) {
     }
     pids.push_back(pid);
   }
+  // A rank that fails ends the job, as tnt-launch would: its peers would otherwise wait for it
+  // until their start timeout (300 s), longer than ctest allows the whole test.
   bool ok = true;
-  for (pid_t pid : pids) {
+  while (!pids.empty()) {
     int status = 0;
-    ::waitpid(pid, &status, 0);
-    ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    const pid_t pid = ::waitpid(-1, &status, 0);
+    if (pid < 0) break;
+    pids.erase(std::remove(pids.begin(), pids.end(), pid), pids.end());
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
+    if (ok) {
+      std::fprintf(stderr, "a rank (pid %d) failed: ending the others\n", static_cast<int>(pid));
+      for (pid_t other : pids) ::kill(other, SIGKILL);  // not yet reaped: still our children
+    }
+    ok = false;
   }
   return ok;
 }
@@ -193,8 +242,7 @@ bool readable_within(int fd, int ms) {
 }
 
 bool run_job(int size, const std::string& transport) {
-  const int port =
-      20000 + static_cast<int>(::getpid() % 20000) + (transport == "tcp" ? 1 : transport == "mixed" ? 2 : 0);
+  const int port = free_port();
   const bool ok = run_ranks(size, [&](int r) { return child(r, size, port, transport); });
   std::printf("%d ranks over %s: %s\n", size, transport.c_str(), ok ? "ok" : "FAILED");
   std::fflush(stdout);  // or the next job's children would print it again as they exit
@@ -247,8 +295,7 @@ int settle_child(int rank, int port, const std::string& transport, const std::st
 }
 
 bool run_settle_job(const std::string& transport, const std::string& mode) {
-  static int jobs = 0;
-  const int port = 20000 + static_cast<int>(::getpid() % 20000) + 3 + jobs++;
+  const int port = free_port();
   int left[2];
   if (::pipe(left) != 0) return false;
   const bool ok =
