@@ -207,11 +207,12 @@ def test_job_only_on_another_host_tidies_up_there(launcher: Launcher, sshd: SshS
 
 
 @pytest.mark.timeout(90)
-def test_slurm_allocation_without_a_hostfile(launcher: Launcher, sshd: SshServer,
-                                             reports: Path) -> None:
-    launcher.env.update(TNT_SSH_OPTS=sshd.options, SLURM_JOB_NODELIST="127.0.0.[1-2]",
-                        SLURM_NTASKS_PER_NODE="2")
-    done = launcher.run(["--ssh-port", str(sshd.port), "--no-gpu", "--", RANK, str(reports)])
+def test_slurm_allocation_over_ssh(launcher: Launcher, sshd: SshServer, reports: Path) -> None:
+    """--launcher ssh inside an allocation: its nodes and task counts, reached over ssh (srun's own
+    launch is tested under a real Slurm: integration/test_slurm.py)."""
+    launcher.env.update(TNT_SSH_OPTS=sshd.options, SLURM_JOB_ID="77", SLURM_JOB_NODELIST="127.0.0.[1-2]",
+                        SLURM_TASKS_PER_NODE="2(x2)")
+    done = launcher.run(["--launcher", "ssh", "--ssh-port", str(sshd.port), "--no-gpu", "--", RANK, str(reports)])
     assert done.returncode == 0, done.stderr
     got = read_reports(reports, 4)
     assert [(r["env"]["TNT_NODE_RANK"], r["env"]["TNT_LOCAL_RANK"]) for r in got] == [

@@ -29,7 +29,8 @@ struct Identity {
   double start_timeout_s = 300.0;
   static constexpr double kMinStartTimeoutS = 60.0;
 
-  // Reads TNT_* variables; without TNT_SIZE (or with TNT_SIZE=1) describes a single rank.
+  // Reads TNT_* variables; without TNT_SIZE, in a Slurm step of several tasks (plain srun), forms
+  // the job from Slurm's variables; otherwise (or with TNT_SIZE=1) describes a single rank.
   static Identity from_environment();
 };
 

@@ -88,10 +88,7 @@ def _rank_for_logs() -> int:
     """This process's rank without starting the runtime: get_rank() would connect to every peer
     first, and a log line written while a peer is busy (compiling the op under a file lock that
     this process waits for next) would then wait for that peer, which waits for us: a deadlock."""
-    try:
-        return int(os.environ.get(contract.RANK, "0"))
-    except ValueError:
-        return 0
+    return contract.rank_from_environment()
 
 
 class _RankFilter(logging.Filter):

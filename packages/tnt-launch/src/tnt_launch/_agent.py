@@ -20,6 +20,9 @@ over ssh, in one of four modes:
 - ``probe``: describe this host (GPUs, CPUs, NUMA nodes, numactl, optionally a free TCP port).
 - ``cleanup``: `jobs.cleanup` on this host.  ``finish``: `jobs.finish_job` on this host.
 
+Under srun every task of a step reads the same request (mode ``step``) and takes its own from it
+by SLURM_PROCID.
+
 Standard library only, Python 3.8+: its source travels over ssh together with `jobs.py` and
 `contract.py`.
 """
@@ -380,8 +383,18 @@ def serve(request: dict[str, Any]) -> Any:
         return {"error": str(e)}
 
 
+def task_request(step: dict[str, Any]) -> dict[str, Any]:
+    """This task's own request out of an srun step's (`spawn.step_request`): task r, rank r's."""
+    own = step["ranks"][int(os.environ["SLURM_PROCID"])]
+    request = {**step["common"], **own}
+    request["env"] = {**step["common"].get("env", {}), **own.get("env", {})}
+    return request
+
+
 def main(request: dict[str, Any], pending: bytes = b"") -> int:
     """Entry point of the bootstrap that `spawn.py` sends: serve one request, return exit code."""
+    if request.get("mode") == "step":
+        request = task_request(request)
     if request.get("mode") == "run":
         return run_rank(request, pending)
     result = serve(request)

@@ -10,7 +10,7 @@ import secrets
 import shlex
 import shutil
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 from rich.console import Console
@@ -27,9 +27,9 @@ from tnt_launch.config import (
     UsageError,
 )
 from tnt_launch.display import render_plan, write_plan
-from tnt_launch.hosts import Host, resolve_hosts
-from tnt_launch.plan import HostFacts, JobIdentity, Plan, RankSpec, build_plan, gpi2_sockets
-from tnt_launch.spawn import SshSettings, query_hosts, registry_override
+from tnt_launch.hosts import LAUNCHERS, Host, Placement, resolve_hosts
+from tnt_launch.plan import HostFacts, JobIdentity, Plan, build_plan, gpi2_sockets
+from tnt_launch.spawn import SshSettings, query_hosts, query_step, registry_override
 from tnt_launch.supervise import Supervisor
 
 USAGE = "tnt-launch [options] -- SCRIPT [ARGS ...]"
@@ -41,7 +41,8 @@ DESCRIPTION = """\
 Start a tnt job: SCRIPT runs once per rank, with the environment that tnt_keras and tnt_comm
 read to find each other. A .py script runs under Python; a command that starts with a Python
 interpreter (python3 train.py) or names a program (./my_benchmark, hostname) runs as given.
-Ranks run on this host (-n) or on the hosts of a hostfile or Slurm allocation, reached over ssh.
+Ranks run on this host (-n), on the hosts of a hostfile (reached over ssh), or inside a Slurm
+allocation on its nodes, started as the tasks of one srun step.
 Only rank 0's output is shown unless --output-on-all-devices is given; the first rank to fail
 stops the job, and tnt-launch exits with its status.
 """
@@ -54,6 +55,7 @@ examples:
   tnt-launch --hostfile hosts --npernode 2 --pin-to-socket -x DATASET=/scratch/data -- train.py
   tnt-launch --hostfile hosts --dry-run -- train.py
   tnt-launch --hostfile hosts --cleanup -- train.py
+  salloc -N 2 --ntasks-per-node 4 tnt-launch -- train.py     # 8 ranks, started by srun
 
 environment:
   TNT_SSH_OPTS         extra ssh options for reaching other hosts, e.g. "-i ~/.ssh/tnt -l alice"
@@ -120,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     single = parser.add_argument_group("single-host execution")
     single.add_argument("-n", dest="nprocs", type=_positive_int, metavar="N",
-                        help="start N ranks on this host (default: one per GPU, else one)")
+                        help="start N ranks on this host (default: one per GPU, else one); inside "
+                             "a Slurm allocation, N ranks on its nodes (default: its tasks)")
 
     multi = parser.add_argument_group("multi-host execution")
     multi.add_argument("--hostfile", metavar="FILE",
@@ -132,6 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "per GPU, else one)")
     multi.add_argument("--ssh-port", type=_port, metavar="PORT",
                        help="port of the ssh servers of the other hosts")
+    multi.add_argument("--launcher", choices=LAUNCHERS,
+                       help="how ranks start: local (this host), ssh, or srun (one Slurm job step; "
+                            "the default inside a Slurm allocation, where -n N places N ranks on "
+                            "its nodes); default: srun inside an allocation, else ssh for a "
+                            "hostfile's hosts, else local")
 
     devices = parser.add_argument_group("devices and pinning")
     devices.add_argument("--no-gpu", action="store_true",
@@ -314,17 +322,11 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
         dry_run=args.dry_run,
         cleanup=args.cleanup,
         force=args.force,
+        launcher=args.launcher,
         ssh_port=args.ssh_port,
         ssh_options=ssh_options,
         cwd=cwd,
     )
-
-
-def _script_path(config: LaunchConfig) -> str | None:
-    script = config.registered_script
-    if script is None:
-        return None
-    return os.path.realpath(os.path.join(config.cwd, script))
 
 
 def _check_script(config: LaunchConfig, hosts: Sequence[Host]) -> None:
@@ -352,19 +354,34 @@ def _check_script(config: LaunchConfig, hosts: Sequence[Host]) -> None:
             raise UsageError(f"script {target[0]} not found in {config.cwd}")
 
 
+def _query(
+    placement: Placement,
+    hosts: Sequence[Host],
+    ssh: SshSettings,
+    make_request: Callable[[Host], dict[str, Any]],
+    timeout: float,
+) -> list[tuple[Host, Any, LaunchError | None]]:
+    """Ask every host something: through one srun step inside a Slurm allocation (launcher srun),
+    else over ssh (this host directly)."""
+    if placement.launcher == "srun":
+        return query_step(hosts, make_request, timeout)
+    return query_hosts(hosts, ssh, make_request, timeout)
+
+
 def _probe(
-    config: LaunchConfig, hosts: Sequence[Host], ssh: SshSettings
+    config: LaunchConfig, placement: Placement, ssh: SshSettings
 ) -> tuple[dict[str, HostFacts], int, list[str]]:
     """Facts about every host and a free port on the first; with --dry-run other hosts are not
     contacted and are assumed to look like this one."""
+    hosts = placement.hosts
     if config.dry_run:
         here = _agent.probe({"want_port": True})
         facts = HostFacts.from_probe(here)
-        assumed = [h.name for h in hosts if not h.local]
+        assumed = [h.name for h in hosts if not h.local or placement.launcher == "srun"]
         return {h.name: facts for h in hosts}, int(here["port"]), assumed
     first = hosts[0].name
-    answers = query_hosts(
-        hosts, ssh, lambda h: {"mode": "probe", "want_port": h.name == first}, _PROBE_TIMEOUT_S
+    answers = _query(
+        placement, hosts, ssh, lambda h: {"mode": "probe", "want_port": h.name == first}, _PROBE_TIMEOUT_S
     )
     errors = [str(error) for _, _, error in answers if error is not None]
     if errors:
@@ -373,42 +390,24 @@ def _probe(
     return facts, int(answers[0][1]["port"]), []
 
 
-def _rank_request(config: LaunchConfig, plan: Plan, spec: RankSpec) -> dict[str, Any]:
-    return {
-        "mode": "run",
-        "rank": spec.rank,
-        "job_id": plan.job_id,
-        "cwd": config.cwd,
-        "env": spec.env,
-        "argv": list(spec.argv),
-        "registry": registry_override(),
-        "grace": jobs.GRACE_S,
-        "script": config.registered_script,
-        "script_path": _script_path(config),
-    }
-
-
-def _finish(plan: Plan, ssh: SshSettings, silent: Sequence[str] = ()) -> None:
+def _finish(plan: Plan, placement: Placement, ssh: SshSettings, silent: Sequence[str] = ()) -> None:
     """Remove what the job may have left on its hosts (processes, registry entries, /dev/shm).
 
     This host is always visited: it holds the launcher's registry entry. Hosts that stopped
     answering during the job (`silent`, named in the summary) are not: each would cost a connect
-    timeout."""
-    ranks_here = any(h.local for h in plan.hosts)
-    hosts = [Host("localhost", local=True)] + [
-        h for h in plan.hosts if not h.local and h.name not in silent
-    ]
-    answers = query_hosts(
-        hosts,
-        ssh,
-        lambda host: {
-            "mode": "finish",
-            "job_id": plan.job_id,
-            "registry": registry_override(),
-            "shm": ranks_here or not host.local,
-        },
-        _FINISH_TIMEOUT_S,
-    )
+    timeout. Under srun every node of the job is visited by one more srun step."""
+    ranks_here = any(h.local for h in plan.hosts) and placement.launcher != "srun"
+
+    def request(host: Host) -> dict[str, Any]:
+        shm = ranks_here or not host.local or placement.launcher == "srun"
+        return {"mode": "finish", "job_id": plan.job_id, "registry": registry_override(), "shm": shm}
+
+    answers = query_hosts([Host("localhost", local=True)], ssh, request, _FINISH_TIMEOUT_S)
+    if placement.launcher == "srun":
+        answers += query_step(list(plan.hosts), request, _FINISH_TIMEOUT_S)
+    else:
+        others = [h for h in plan.hosts if not h.local and h.name not in silent]
+        answers += query_hosts(others, ssh, request, _FINISH_TIMEOUT_S) if others else []
     for host, _, error in answers:
         if error is not None:
             print(f"tnt-launch: warning: could not tidy up after the job on {host.name}: {error}",
@@ -441,13 +440,18 @@ def _stdout_is_tty() -> bool:
 
 
 def launch(config: LaunchConfig) -> int:
-    hosts = resolve_hosts(config)
+    placement = resolve_hosts(config)
+    hosts = placement.hosts
     ssh = SshSettings(config.ssh_port, config.ssh_options)
     if not config.dry_run:
         _check_script(config, hosts)
-    facts, port, assumed = _probe(config, hosts, ssh)
+    facts, port, assumed = _probe(config, placement, ssh)
     identity = _identity(config, hosts, facts, port)
-    plan = build_plan(config, hosts, facts, identity, os.environ, stdout_tty=_stdout_is_tty())
+    cpus_per_task = placement.allocation.cpus_per_task if placement.allocation is not None else None
+    plan = build_plan(
+        config, hosts, facts, identity, os.environ, stdout_tty=_stdout_is_tty(),
+        launcher=placement.launcher, cpus_per_task=cpus_per_task,
+    )
     for warning in plan.warnings:
         print(f"tnt-launch: warning: {warning}", file=sys.stderr)
     if config.log_level in ("DEBUG", "INFO"):
@@ -474,14 +478,14 @@ def launch(config: LaunchConfig) -> int:
         {
             "job_id": plan.job_id,
             "role": "launcher",
-            "script": config.registered_script,
-            "script_path": _script_path(config),
+            "script": plan.script,
+            "script_path": plan.script_path,
             "processes": [jobs.process_entry(os.getpid())],
             # Keeps the range from other jobs of this user starting before this one binds it.
             "gpi2_port_base": plan.gpi2_port_base,
         },
     )
-    supervisor = Supervisor(plan, config, ssh, lambda spec: _rank_request(config, plan, spec))
+    supervisor = Supervisor(plan, config, ssh)
     try:
         if plan.gpi2_machinefile is not None:
             try:
@@ -492,7 +496,7 @@ def launch(config: LaunchConfig) -> int:
         return supervisor.run()
     finally:
         try:
-            _finish(plan, ssh, supervisor.silent_hosts)
+            _finish(plan, placement, ssh, supervisor.silent_hosts)
         finally:
             jobs.remove_entry(entry)
             if plan.gpi2_machinefile is not None:
@@ -500,18 +504,19 @@ def launch(config: LaunchConfig) -> int:
 
 
 def cleanup(config: LaunchConfig) -> int:
-    hosts = resolve_hosts(config)
+    placement = resolve_hosts(config)
     ssh = SshSettings(config.ssh_port, config.ssh_options)
+    script = config.registered_script
     request = {
         "mode": "cleanup",
-        "script": config.registered_script,
-        "script_path": _script_path(config),
+        "script": script,
+        "script_path": None if script is None else os.path.realpath(os.path.join(config.cwd, script)),
         "force": config.force,
         "registry": registry_override(),
         "grace": jobs.GRACE_S,
     }
     failed = False
-    for host, stopped, error in query_hosts(hosts, ssh, lambda _: request, jobs.GRACE_S + 60):
+    for host, stopped, error in _query(placement, placement.hosts, ssh, lambda _: request, jobs.GRACE_S + 60):
         if error is not None:
             print(f"tnt-launch: error: {error}", file=sys.stderr)
             failed = True

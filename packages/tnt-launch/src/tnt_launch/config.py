@@ -64,6 +64,8 @@ class LaunchConfig:
     dry_run: bool = False
     cleanup: bool = False
     force: bool = False
+    launcher: str | None = None
+    """--launcher: "local", "ssh" or "srun"; None: chosen from the hosts (hosts.resolve_hosts)."""
     ssh_port: int | None = None
     ssh_options: tuple[str, ...] = ()
     cwd: str = "."

@@ -12,6 +12,9 @@ Standard library only, Python 3.8+: it travels to other hosts with the agent (sp
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+
 # -- Who the rank is: set for every rank; a process without them is a single rank of its own.
 RANK = "TNT_RANK"
 SIZE = "TNT_SIZE"
@@ -23,6 +26,28 @@ MASTER_PORT = "TNT_MASTER_PORT"
 JOB_ID = "TNT_JOB_ID"  # new for every job; also names its shared-memory files
 JOB_TOKEN = "TNT_JOB_TOKEN"  # the secret ranks present to each other
 IDENTITY = (RANK, SIZE, LOCAL_RANK, LOCAL_SIZE, NODE_RANK, MASTER_ADDR, MASTER_PORT, JOB_ID, JOB_TOKEN)
+
+# -- Started by plain srun, without tnt-launch: a Slurm step of several tasks is the job, and these
+# of Slurm's variables say who the rank is (tnt-comm's identity.cpp reads all it needs; docs/launch.md).
+SLURM_STEP_ID = "SLURM_STEP_ID"
+SLURM_STEP_NUM_TASKS = "SLURM_STEP_NUM_TASKS"
+SLURM_PROCID = "SLURM_PROCID"
+
+
+def rank_from_environment(environ: Mapping[str, str] | None = None) -> int:
+    """This process's rank as its environment says, without starting tnt-comm: TNT_RANK, else the
+    task id of a Slurm step of several tasks (plain srun), else 0."""
+    environ = os.environ if environ is None else environ
+    raw = environ.get(RANK)
+    if raw is None and SIZE not in environ and environ.get(SLURM_STEP_ID) is not None:
+        tasks = environ.get(SLURM_STEP_NUM_TASKS, "1")
+        if tasks.isdigit() and int(tasks) > 1:
+            raw = environ.get(SLURM_PROCID)
+    try:
+        return int(raw or 0)
+    except ValueError:
+        return 0
+
 
 # -- How tnt-comm connects and waits (unset: the library's defaults).
 TRANSPORT = "TNT_TRANSPORT"  # auto, shm, tcp or gpi2

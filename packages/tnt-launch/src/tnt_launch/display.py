@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from tnt_launch import slurm
 from tnt_launch.plan import Plan, RankSpec
 
 _SECRET = "TNT_JOB_TOKEN"
@@ -94,9 +95,27 @@ def environment_lines(plan: Plan) -> list[str]:
     return lines
 
 
-def rank_line(spec: RankSpec) -> str:
+def host_label(plan: Plan, spec: RankSpec) -> str:
+    """The rank's host, and how it is reached where that is not directly."""
+    if plan.launcher == "srun":
+        return f"{spec.host} (srun)"
+    return spec.host if spec.local else f"{spec.host} (ssh)"
+
+
+def describe_launch(plan: Plan) -> str | None:
+    """Under srun, the one srun line that starts every rank; None for the other launchers."""
+    if plan.launcher != "srun":
+        return None
+    argv = slurm.srun_argv(plan.size, plan.cpus_per_task, ["AGENT"])
+    return (
+        f"Started by one srun step, task r running rank r's agent: {command_line(argv)} (AGENT: tnt-launch's "
+        "agent under this Python; SLURM_HOSTFILE lists rank r's host on line r)"
+    )
+
+
+def rank_line(spec: RankSpec, plan: Plan) -> str:
     """One rank of the plan on one line, its full command last."""
-    host = spec.host if spec.local else f"{spec.host} (ssh)"
+    host = host_label(plan, spec)
     return (
         f"rank {spec.rank} host {host} local_rank {spec.local_rank}/{spec.local_size} "
         f"device {spec.device} pinning {spec.pinning} cmd: {command_line(spec.argv)}"
@@ -148,7 +167,9 @@ _DONE = "Dry run: nothing was started."
 
 def write_plan(plan: Plan, out: TextIO, assumed: Sequence[str] = ()) -> None:
     """The plan as plain lines, for a file or a pipe: nothing wrapped, nothing drawn."""
-    lines = [_title(plan), *(rank_line(spec) for spec in plan.ranks)]
+    lines = [_title(plan), *(rank_line(spec, plan) for spec in plan.ranks)]
+    if (launch := describe_launch(plan)) is not None:
+        lines.append(launch)
     lines += ["Environment exported to the ranks:", *environment_lines(plan)]
     lines += [describe_timeout(plan.timeout), describe_start_timeout(plan.start_timeout)]
     if plan.gpi2 is not None:
@@ -167,7 +188,7 @@ def render_plan(plan: Plan, console: Console, assumed: Sequence[str] = ()) -> No
     for column in ("rank", "host", "local rank", "device", "pinning", "command"):
         table.add_column(column, overflow="fold")
     for spec in plan.ranks:
-        host = spec.host if spec.local else f"{spec.host} (ssh)"
+        host = host_label(plan, spec)
         # Text cells: brackets in commands or values are not rich markup.
         table.add_row(
             Text(str(spec.rank)),
@@ -178,6 +199,8 @@ def render_plan(plan: Plan, console: Console, assumed: Sequence[str] = ()) -> No
             Text(command_line(spec.argv)),
         )
     console.print(table)
+    if (launch := describe_launch(plan)) is not None:
+        console.print(Text(launch))
 
     env = Table(title="Environment exported to the ranks", header_style="bold",
                 title_justify="left")

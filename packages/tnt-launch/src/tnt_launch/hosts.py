@@ -1,15 +1,16 @@
-"""Which hosts a job runs on: hostfiles, Slurm allocations, or just this host."""
+"""Which hosts a job runs on (hostfiles, Slurm allocations, or just this host), and how its ranks start."""
 
 from __future__ import annotations
 
-import itertools
 import os
 import re
+import shutil
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from tnt_launch.config import LaunchConfig, LaunchError, UsageError
+from tnt_launch import slurm
+from tnt_launch.config import LaunchConfig, UsageError
 
 _HOST_NAME = re.compile(r"^[A-Za-z0-9_.:%][A-Za-z0-9_.:%-]*$")
 _LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "::1")
@@ -89,76 +90,62 @@ def parse_hostfile(path: str) -> list[Host]:
     return parse_hostfile_text(text, path)
 
 
-def _split_top_level(text: str) -> list[str]:
-    parts, depth, start = [], 0, 0
-    for i, char in enumerate(text):
-        if char == "[":
-            depth += 1
-        elif char == "]":
-            depth -= 1
-        elif char == "," and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    parts.append(text[start:])
-    return parts
+LAUNCHERS = ("local", "ssh", "srun")
+"""How ranks start: on this host directly, over ssh (this host's ranks directly), or as the
+tasks of one srun step inside a Slurm allocation."""
 
 
-def _expand_range_list(body: str, nodelist: str) -> list[str]:
-    values = []
-    for item in body.split(","):
-        low, dash, high = item.partition("-")
-        if not low.isdigit() or (dash and not high.isdigit()):
-            raise LaunchError(f"cannot read Slurm node list {nodelist!r}: bad range {item!r}")
-        if not dash:
-            values.append(low)
-            continue
-        if int(high) < int(low):
-            raise LaunchError(f"cannot read Slurm node list {nodelist!r}: bad range {item!r}")
-        width = len(low)
-        values.extend(str(n).zfill(width) for n in range(int(low), int(high) + 1))
-    return values
+@dataclass(frozen=True)
+class Placement:
+    """Where a job runs and how its ranks start there."""
+
+    hosts: list[Host]
+    launcher: str
+    allocation: slurm.Allocation | None = None
 
 
-def expand_slurm_nodelist(nodelist: str) -> list[str]:
-    """Expand Slurm's compact node list, e.g. 'gpu[01-03,07],cpu-a[1-2]b[1-2],login'."""
-    names: list[str] = []
-    for part in _split_top_level(nodelist.strip()):
-        if not part:
-            continue
-        pieces = re.split(r"(\[[^\]]*\])", part)
-        choices = []
-        for piece in pieces:
-            if piece.startswith("["):
-                choices.append(_expand_range_list(piece[1:-1], nodelist))
-            elif "[" in piece or "]" in piece:
-                raise LaunchError(f"cannot read Slurm node list {nodelist!r}: unbalanced brackets")
-            else:
-                choices.append([piece])
-        names.extend("".join(combo) for combo in itertools.product(*choices))
-    return names
-
-
-def slurm_hosts(environ: Mapping[str, str]) -> list[Host] | None:
-    """The nodes of the Slurm allocation we run in, or None outside one.
-
-    SLURM_NTASKS_PER_NODE, when the allocation sets it, becomes every node's slots.
-    """
-    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
-    if not nodelist:
-        return None
-    per_node = environ.get("SLURM_NTASKS_PER_NODE", "")
-    slots = int(per_node) if per_node.isdigit() and int(per_node) > 0 else None
-    return [Host(name, slots) for name in expand_slurm_nodelist(nodelist)]
-
-
-def resolve_hosts(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> list[Host]:
-    """The hosts of the job: the hostfile's, else the Slurm allocation's (unless `-n` asks for
-    this host), else this host alone."""
-    environ = os.environ if environ is None else environ
-    if config.hostfile is not None:
-        hosts = parse_hostfile(config.hostfile)
-    elif config.nprocs is None and (found := slurm_hosts(environ)) is not None:
-        hosts = found
-    else:
-        return [Host("localhost", local=True)]
+def _named(hosts: list[Host]) -> list[Host]:
     return [Host(h.name, h.slots, is_local_host(h.name)) for h in hosts]
+
+
+def _allocation_hosts(config: LaunchConfig, found: slurm.Allocation, by_srun: bool) -> list[Host]:
+    """The allocation's nodes, each with its task count as slots; with srun, `-n N` fills them."""
+    if by_srun and config.nprocs is not None:
+        counts: list[int | None] = list(slurm.fill(found, config.nprocs))
+    elif found.tasks_per_node is not None:
+        counts = list(found.tasks_per_node)
+    else:
+        counts = [None] * len(found.nodes)
+    return _named([Host(name, count) for name, count in zip(found.nodes, counts) if count != 0])
+
+
+def resolve_hosts(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> Placement:
+    """The hosts of the job and the launcher that starts its ranks.
+
+    `--launcher` decides where given. Otherwise: the hostfile's hosts over ssh; inside a Slurm
+    allocation its nodes through srun (over ssh where srun is missing, or `-n` asks for this host
+    there); else this host alone."""
+    environ = os.environ if environ is None else environ
+    slurm.refuse_multitask_step(environ)
+    found = slurm.allocation(environ)
+    launcher = config.launcher
+    if launcher == "srun":
+        if found is None:
+            raise UsageError(
+                "--launcher srun: not inside a Slurm allocation (SLURM_JOB_ID and SLURM_JOB_NODELIST "
+                "are not set); start tnt-launch in a salloc shell or an sbatch script"
+            )
+        if config.hostfile is not None:
+            raise UsageError("--launcher srun starts ranks on the Slurm allocation's nodes; leave out --hostfile")
+        return Placement(_allocation_hosts(config, found, by_srun=True), "srun", found)
+    if launcher == "local":
+        if config.hostfile is not None:
+            raise UsageError("--launcher local starts ranks on this host only; leave out --hostfile")
+        return Placement([Host("localhost", local=True)], "local")
+    if config.hostfile is not None:
+        return Placement(_named(parse_hostfile(config.hostfile)), "ssh")
+    if found is not None and launcher is None and shutil.which("srun", path=environ.get("PATH")) is not None:
+        return Placement(_allocation_hosts(config, found, by_srun=True), "srun", found)
+    if found is not None and config.nprocs is None:
+        return Placement(_allocation_hosts(config, found, by_srun=False), "ssh", found)
+    return Placement([Host("localhost", local=True)], launcher or "local")

@@ -8,6 +8,7 @@ printed without starting or contacting anything.
 from __future__ import annotations
 
 import math
+import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -168,10 +169,36 @@ class Plan:
     (quiet.py): unless --log-level DEBUG or the user set TF_CPP_MIN_LOG_LEVEL."""
     gpi2: str | None = None
     """With --transport gpi2: one line on what tnt-launch set up for GPI-2, or why it did not."""
+    launcher: str = "local"
+    """How the ranks start (hosts.LAUNCHERS): "local", "ssh" (this host's ranks directly), or
+    "srun" (all of them as the tasks of one srun step)."""
+    cpus_per_task: int | None = None
+    """srun's --cpus-per-task, from the allocation (SLURM_CPUS_PER_TASK)."""
+    cwd: str = "."
+    script: str | None = None
+    """What names the job in every host's registry, for --cleanup (LaunchConfig.registered_script)."""
+    script_path: str | None = None
+    registry: str | None = None
+    """TNT_LAUNCH_REGISTRY: the registry folder on every host; None: the default."""
 
     @property
     def size(self) -> int:
         return len(self.ranks)
+
+    def rank_request(self, spec: RankSpec, grace: float) -> dict[str, Any]:
+        """What the agent beside rank `spec` is told: everything its start needs (`_agent.run_rank`)."""
+        return {
+            "mode": "run",
+            "rank": spec.rank,
+            "job_id": self.job_id,
+            "cwd": self.cwd,
+            "env": spec.env,
+            "argv": list(spec.argv),
+            "registry": self.registry,
+            "grace": grace,
+            "script": self.script,
+            "script_path": self.script_path,
+        }
 
 
 def _flag(value: bool) -> str:
@@ -339,6 +366,8 @@ def build_plan(
     identity: JobIdentity,
     environ: Mapping[str, str],
     stdout_tty: bool = False,
+    launcher: str | None = None,
+    cpus_per_task: int | None = None,
 ) -> Plan:
     """Decide every rank's host, local rank, device, pinning, environment and command.
 
@@ -357,9 +386,14 @@ def build_plan(
     With `--transport gpi2` and rank 0 on this host, ranks also get GPI-2's GASPI_* variables for
     the machinefile `identity.gpi2_machinefile` (whose lines are `Plan.gpi2_machines`; the caller
     writes it) and `identity.gpi2_port_base` as TNT_GPI2_PORT_BASE, unless the user set one.
+
+    `launcher` (default: "local" when every host is this one, else "ssh") says how ranks start:
+    ranks started by srun inherit tnt-launch's environment wherever they run, and get
+    `cpus_per_task` threads where the allocation sets it.
     """
     if config.script is None:
         raise PlanError("no script given")
+    launcher = launcher or ("local" if all(h.local for h in hosts) else "ssh")
     per_gpu = _ranks_per_gpu(config)
     counts = [_ranks_per_host(config, h, facts[h.name]) for h in hosts]
     size = sum(counts)
@@ -427,6 +461,8 @@ def build_plan(
             pin_argv: list[str] = []
             pinning = "-"
             threads = max(1, host_facts.cpus // count)
+            if launcher == "srun" and cpus_per_task is not None:
+                threads = cpus_per_task
             if nodes:
                 numa_node, node_cpus = nodes[local_rank % len(nodes)]
                 pin_argv = ["numactl"]
@@ -443,7 +479,7 @@ def build_plan(
                     what.append("memory preferred")
                 pinning = f"NUMA node {numa_node}: " + ", ".join(what)
 
-            env = {} if host.local else dict(carried)
+            env = {} if host.local or launcher == "srun" else dict(carried)
             env.update(
                 {
                     contract.RANK: str(rank),
@@ -530,4 +566,13 @@ def build_plan(
         gpi2_port_base=port_base,
         gpi2=gpi2_note,
         hide_tf_startup=log_level != "DEBUG" and TF_LOG_VARIABLE not in user_set,
+        launcher=launcher,
+        cpus_per_task=cpus_per_task if launcher == "srun" else None,
+        cwd=config.cwd,
+        script=config.registered_script,
+        script_path=(
+            None if config.registered_script is None
+            else os.path.realpath(os.path.join(config.cwd, config.registered_script))
+        ),
+        registry=environ.get("TNT_LAUNCH_REGISTRY") or None,
     )

@@ -24,18 +24,24 @@ import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 import psutil
 
-from tnt_launch import blame, jobs, quiet
+from tnt_launch import blame, jobs, quiet, slurm
 from tnt_launch._agent import MARKER
 from tnt_launch.config import LaunchConfig
 from tnt_launch.hosts import Host
 from tnt_launch.plan import Plan, RankSpec
-from tnt_launch.spawn import SshSettings, start_agent
+from tnt_launch.spawn import (
+    SshSettings,
+    srun_program,
+    start_agent,
+    start_step,
+    step_request,
+    write_slurm_hostfile,
+)
 
 TAIL_LINES = 20
 SSH_STARTS_PER_HOST = 8
@@ -143,7 +149,10 @@ class _AgentLines:
 
 
 class _Stream:
-    def __init__(self, run: _RankRun, name: str, fd: int) -> None:
+    """One of a rank's two output streams: its agent's own pipe (`fd`), or, under srun (`fd` None),
+    its lines of the step's stream, which `_StepStream` hands over."""
+
+    def __init__(self, run: _RankRun, name: str, fd: int | None) -> None:
         self.run = run
         self.name = name
         self.fd = fd
@@ -153,12 +162,80 @@ class _Stream:
         self.startup_filter: quiet.StartupFilter | None = None  # set where the plan hides TF's start-up lines
 
 
+class _Step:
+    """The srun step that runs every rank's agent as one of its tasks (launcher "srun").
+
+    srun hands every task the same stdin, so a control byte ('S', 'T', 'K') reaches all agents: each
+    is sent once, as the job-wide requests they are. stdin closes once every rank has finished (its
+    agent stops its rank when it closes), or when tnt-launch ends."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], hostfile: str, size: int) -> None:
+        self.proc = proc
+        self.hostfile = hostfile
+        self.size = size
+        self.sent: set[bytes] = set()
+        self.done: set[int] = set()
+
+    def send(self, command: bytes) -> None:
+        if command in self.sent or self.proc.stdin is None or self.proc.stdin.closed:
+            return
+        self.sent.add(command)
+        try:
+            self.proc.stdin.write(command)
+            self.proc.stdin.flush()
+        except (BrokenPipeError, ValueError, OSError):
+            pass
+
+    def finished(self, rank: int) -> None:
+        self.done.add(rank)
+        if len(self.done) == self.size:
+            self.close()
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
+
+
+class _StepStream:
+    """srun's stdout or stderr: lines labelled with the task (= rank), handed to that rank's stream."""
+
+    def __init__(self, name: str, fd: int, streams: dict[int, _Stream]) -> None:
+        self.name = name
+        self.fd = fd
+        self.streams = streams
+        self.partial = b""
+        self.open = True
+
+    def lines(self, data: bytes) -> list[tuple[_Stream | None, bytes]]:
+        """The complete lines in `data` (with what came before), each with the rank stream it is for
+        (None for srun's own)."""
+        lines = (self.partial + data).split(b"\n")
+        self.partial = lines.pop()
+        if len(self.partial) > _MAX_LINE:
+            lines.append(self.partial)
+            self.partial = b""
+        return [self._route(line + b"\n") for line in lines]
+
+    def rest(self) -> list[tuple[_Stream | None, bytes]]:
+        partial, self.partial = self.partial, b""
+        return [self._route(partial + b"\n")] if partial else []
+
+    def _route(self, line: bytes) -> tuple[_Stream | None, bytes]:
+        labelled = slurm.split_label(line)
+        if labelled is None or labelled[0] not in self.streams:
+            return None, line
+        return self.streams[labelled[0]], labelled[1]
+
+
 class _RankRun:
     """One rank's agent process and what has been seen of it."""
 
-    def __init__(self, spec: RankSpec, proc: subprocess.Popen[bytes] | None) -> None:
+    def __init__(self, spec: RankSpec, proc: subprocess.Popen[bytes] | None, step: _Step | None = None) -> None:
         self.spec = spec
         self.proc = proc
+        self.step = step
+        """Under srun: the step whose task runs this rank's agent (`proc` is the step's srun)."""
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
         self.ready = False
         self.reported: dict[str, Any] | None = None
@@ -180,6 +257,9 @@ class _RankRun:
         return self.status is None
 
     def send(self, command: bytes) -> None:
+        if self.step is not None:
+            self.step.send(command)
+            return
         if self.proc is None or self.proc.stdin is None or self.proc.stdin.closed:
             return
         try:
@@ -189,6 +269,9 @@ class _RankRun:
             pass
 
     def close_stdin(self) -> None:
+        if self.step is not None:
+            self.step.finished(self.spec.rank)
+            return
         if self.proc is not None and self.proc.stdin is not None:
             try:
                 self.proc.stdin.close()
@@ -221,7 +304,6 @@ class Supervisor:
         plan: Plan,
         config: LaunchConfig,
         ssh: SshSettings,
-        make_request: Callable[[RankSpec], dict[str, Any]],
         out: BinaryIO | None = None,
         err: BinaryIO | None = None,
         grace: float = jobs.GRACE_S,
@@ -229,7 +311,8 @@ class Supervisor:
         self.plan = plan
         self.config = config
         self.ssh = ssh
-        self.make_request = make_request
+        self.step: _Step | None = None
+        self.step_streams: list[_StepStream] = []
         self.output = _Output(out or sys.stdout.buffer, err or sys.stderr.buffer)
         self.grace = grace
         self.runs: list[_RankRun] = []
@@ -269,7 +352,7 @@ class Supervisor:
     def _start(self, spec: RankSpec) -> None:
         host = Host(spec.host, local=spec.local)
         try:
-            proc = start_agent(host, self.ssh, self.make_request(spec))
+            proc = start_agent(host, self.ssh, self.plan.rank_request(spec, self.grace))
         except OSError as e:
             run = _RankRun(spec, None)
             self.runs.append(run)
@@ -287,11 +370,49 @@ class Supervisor:
             os.set_blocking(stream.fd, False)
             self.selector.register(stream.fd, selectors.EVENT_READ, stream)
 
+    def _start_step(self, specs: list[RankSpec]) -> None:
+        """Start every rank at once, as the tasks of one srun step (task r on rank r's node)."""
+        hostfile = write_slurm_hostfile([spec.host for spec in specs])
+        argv = slurm.srun_argv(len(specs), self.plan.cpus_per_task, srun_program())
+        request = step_request([self.plan.rank_request(spec, self.grace) for spec in specs])
+        try:
+            proc = start_step(argv, hostfile, request)
+        except OSError as e:
+            os.unlink(hostfile)
+            for spec in specs:
+                run = _RankRun(spec, None)
+                self.runs.append(run)
+                self._finish(run, RankStatus(127, error=f"cannot start srun: {e.strerror}"))
+            return
+        self.step = _Step(proc, hostfile, len(specs))
+        by_rank: dict[str, dict[int, _Stream]] = {"out": {}, "err": {}}
+        for spec in specs:
+            run = _RankRun(spec, proc, self.step)
+            self.runs.append(run)
+            self._open_files(run)
+            for name in ("out", "err"):
+                stream = _Stream(run, name, None)
+                if name == "err" and self.plan.hide_tf_startup:
+                    stream.startup_filter = quiet.StartupFilter()
+                run.streams.append(stream)
+                by_rank[name][spec.rank] = stream
+        assert proc.stdout is not None and proc.stderr is not None
+        for name, pipe in (("out", proc.stdout), ("err", proc.stderr)):
+            step_stream = _StepStream(name, pipe.fileno(), by_rank[name])
+            self.step_streams.append(step_stream)
+            os.set_blocking(step_stream.fd, False)
+            self.selector.register(step_stream.fd, selectors.EVENT_READ, step_stream)
+
     def _start_pending(self) -> None:
         """Start the ranks not started yet, as far as the per-host ssh limit allows."""
         if self.stopping or self.first_failure is not None:
             # A failed job starts nothing more.
             self.pending = []
+            return
+        if self.plan.launcher == "srun":
+            pending, self.pending = self.pending, []
+            if pending:
+                self._start_step(pending)
             return
         connecting: dict[str, int] = {}
         for run in self.runs:
@@ -376,7 +497,28 @@ class Supervisor:
         elif message.get("event") == "state":
             run.state = message
 
+    def _read_step(self, step_stream: _StepStream) -> None:
+        try:
+            data = os.read(step_stream.fd, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        routed = step_stream.lines(data) if data else step_stream.rest()
+        for stream, line in routed:
+            if stream is None:
+                # srun's own words (its errors about nodes and tasks): shown, and kept for the summary.
+                self.output.write(step_stream.name, line)
+            elif stream.open:
+                self._on_data(stream, line)
+        if not data:
+            step_stream.open = False
+            self.selector.unregister(step_stream.fd)
+            for stream in step_stream.streams.values():
+                self._close_stream(stream)
+
     def _read(self, stream: _Stream) -> None:
+        assert stream.fd is not None
         try:
             data = os.read(stream.fd, 65536)
         except BlockingIOError:
@@ -400,7 +542,8 @@ class Supervisor:
         if stream.partial:
             partial, stream.partial = stream.partial, b""
             self._on_line(stream, partial + b"\n")
-        self.selector.unregister(stream.fd)
+        if stream.fd is not None:
+            self.selector.unregister(stream.fd)
         file = stream.run.files.pop(stream.name, None)
         if file is not None:
             file.close()
@@ -413,6 +556,9 @@ class Supervisor:
             return RankStatus(reported.get("code"), reported.get("signal"), reported.get("error"))
         assert run.proc is not None
         code = run.proc.returncode
+        if run.step is not None:
+            return RankStatus(code if code >= 0 else None, -code if code < 0 else None,
+                              f"its task of the srun step ended without reporting the rank's status (srun's exit status {code})")
         if code < 0:
             return RankStatus(None, -code, f"its agent was killed by {_signal_name(-code)}")
         if not run.spec.local and code == 255:
@@ -424,6 +570,10 @@ class Supervisor:
         now = time.monotonic()
         for run in self.runs:
             if not run.running or run.proc is None:
+                continue
+            if run.step is not None and run.reported is not None:
+                # Its agent said how the rank ended; the step's srun runs on for the other ranks.
+                self._finish(run, self._status_of(run))
                 continue
             if run.proc.poll() is None:
                 continue
@@ -504,7 +654,7 @@ class Supervisor:
             return
         self.stopping = True
         for run in self.runs:
-            if run.running and run.state_asked and run.state is None and not run.spec.local:
+            if run.running and run.state_asked and run.state is None and not run.spec.local and run.step is None:
                 # Its agent was asked and said nothing for STATE_WAIT_S: the host or the link to it
                 # is gone, and a stop request would wait out the grace period for nothing.
                 self.silent.append(run)
@@ -611,6 +761,8 @@ class Supervisor:
                 for key, _ in self.selector.select(timeout=0.1):
                     if key.data is None:
                         self._handle_signals()
+                    elif isinstance(key.data, _StepStream):
+                        self._read_step(key.data)
                     else:
                         self._read(key.data)
                 self._handle_signals()
@@ -618,12 +770,14 @@ class Supervisor:
                 self._check_deadlines()
                 self._start_pending()
         finally:
+            if self.step is not None:
+                self._end_step(self.step)
             for run in self.runs:
                 run.close_stdin()
                 for stream in run.streams:
                     if stream.open:
                         self._close_stream(stream)
-                if run.proc is not None:
+                if run.proc is not None and run.step is None:
                     for pipe in (run.proc.stdout, run.proc.stderr):
                         if pipe is not None:
                             pipe.close()
@@ -633,6 +787,29 @@ class Supervisor:
             self._restore_signals(previous)
             self.selector.close()
         return self._summary()
+
+    def _end_step(self, step: _Step) -> None:
+        """srun ends once its tasks have; one that outlives the job is killed (its agents then see
+        their stdin close and stop their ranks)."""
+        step.close()
+        try:
+            step.proc.wait(timeout=self.grace + 5.0)
+        except subprocess.TimeoutExpired:
+            step.proc.kill()
+            step.proc.wait()
+        # What srun passed on after the last rank's exit report (its last lines of stdout).
+        deadline = time.monotonic() + 2.0
+        for step_stream in self.step_streams:
+            while step_stream.open and time.monotonic() < deadline:
+                self._read_step(step_stream)
+            if step_stream.open:
+                step_stream.open = False
+                self.selector.unregister(step_stream.fd)
+        for pipe in (step.proc.stdout, step.proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        with contextlib.suppress(OSError):
+            os.unlink(step.hostfile)
 
     # -- the end ----------------------------------------------------------------------------
 

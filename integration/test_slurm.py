@@ -1,0 +1,167 @@
+"""tnt under a real Slurm (slurm_cluster.py: Debian's slurmctld, slurmd and munge, started here).
+
+Plain `srun -n N python script.py` forms one job of N ranks from Slurm's variables; tnt-launch in an
+allocation starts its ranks as the tasks of one srun step. Either way a rank killed under srun ends
+the job, named, and leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from slurm_cluster import Slurm, SlurmUnavailable, up
+
+SUM = textwrap.dedent(
+    """\
+    import numpy as np, tnt_comm as tc
+    total = tc.allreduce(np.array([tc.rank() + 1.0], np.float32))[0]
+    print(f"rank {tc.rank()} of {tc.size()} local {tc.local_rank()} sum {total:g}", flush=True)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def slurm() -> Iterator[Slurm]:
+    try:
+        cluster = up(cpus=4)
+    except SlurmUnavailable as e:
+        print(f"SKIP Slurm tests: {e}")
+        pytest.skip(str(e))
+    try:
+        yield cluster
+    finally:
+        cluster.down()
+
+
+def _script(tmp_path: Path, name: str, code: str) -> Path:
+    path = tmp_path / name
+    path.write_text(code)
+    return path
+
+
+def _tnt_segments() -> set[str]:
+    return {f for f in os.listdir("/dev/shm") if f.startswith("tnt-slurm-")}
+
+
+@pytest.mark.timeout(120)
+def test_plain_srun_forms_one_job_from_slurms_variables(slurm: Slurm, tmp_path: Path) -> None:
+    script = _script(tmp_path, "sum.py", SUM)
+    done = slurm.run(["srun", "-n", "3", "--chdir", str(tmp_path), sys.executable, str(script)], timeout=90)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = sorted(done.stdout.splitlines())
+    # One job of three ranks: 1 + 2 + 3 on every rank, not three jobs of one rank each.
+    assert lines == [f"rank {r} of 3 local {r} sum 6" for r in range(3)], done.stdout + done.stderr[-2000:]
+
+    # TNT_SIZE=1 is the way to run every task as a job of its own.
+    done = slurm.run(
+        ["srun", "-n", "2", sys.executable, str(script)], timeout=90, env={"TNT_SIZE": "1"}
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(done.stdout.splitlines()) == ["rank 0 of 1 local 0 sum 1"] * 2
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_killed_under_srun_ends_the_job_named(slurm: Slurm, tmp_path: Path) -> None:
+    script = _script(
+        tmp_path,
+        "crash.py",
+        textwrap.dedent(
+            """\
+            import os, signal, numpy as np, tnt_comm as tc
+            x = np.ones(1000, np.float32)
+            tc.allreduce(x)
+            print(f"rank {tc.rank()} started", flush=True)
+            if tc.rank() == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            while True:
+                tc.allreduce(x)
+            """
+        ),
+    )
+    before = _tnt_segments()
+    done = slurm.run(
+        ["srun", "-n", "3", sys.executable, str(script)], timeout=90, env={"TNT_TIMEOUT_S": "20"}
+    )
+    assert done.returncode != 0
+    assert sorted(done.stdout.splitlines()) == [f"rank {r} started" for r in range(3)], done.stderr[-3000:]
+    # The survivors say which rank failed, as they do under tnt-launch.
+    assert "rank 1 failed" in done.stderr, done.stderr[-3000:]
+    assert not _tnt_segments() - before
+    left = [p.info for p in psutil.process_iter(["pid", "cmdline"]) if str(script) in " ".join(p.info["cmdline"] or [])]
+    assert not left, left
+
+
+LAUNCH = [sys.executable, "-m", "tnt_launch"]
+
+STEP = SUM + textwrap.dedent(
+    """\
+    import os
+    print(f"rank {tc.rank()} in Slurm step {os.environ.get('SLURM_STEP_ID', 'none')}", flush=True)
+    """
+)
+
+
+@pytest.mark.timeout(120)
+def test_tnt_launch_in_an_allocation_starts_the_ranks_with_srun(slurm: Slurm, tmp_path: Path) -> None:
+    script = _script(tmp_path, "step.py", STEP)
+    done = slurm.run(["salloc", "-n", "3", *LAUNCH, "--output-on-all-devices", "--", str(script)], timeout=90)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    # The allocation's 3 tasks are the job's 3 ranks, each a task of one srun step (not of salloc's shell).
+    for r in range(3):
+        assert f"[rank {r}] rank {r} of 3 local {r} sum 6" in lines, done.stdout
+    steps = {line.rsplit(" ", 1)[1] for line in lines if "in Slurm step" in line}
+    assert len(steps) == 1 and steps != {"none"}, done.stdout
+
+    # -n 2 inside an allocation of 3 tasks: 2 ranks on its nodes; --dry-run shows the srun line.
+    done = slurm.run(["salloc", "-n", "3", *LAUNCH, "-n", "2", "--dry-run", "--", str(script)], timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"rank 1 host {slurm.node} (srun)" in done.stdout
+    assert "srun --ntasks=2 --distribution=arbitrary" in done.stdout
+
+    # Started by srun itself, tnt-launch would start one job per task: it refuses, saying what to do.
+    done = slurm.run(["srun", "-n", "2", *LAUNCH, "--", str(script)], timeout=60)
+    assert done.returncode == 2
+    assert "tnt-launch runs as one of 2 tasks of a Slurm step (srun -n 2)" in done.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_killed_under_tnt_launch_over_srun_ends_the_job_named(slurm: Slurm, tmp_path: Path) -> None:
+    script = _script(
+        tmp_path,
+        "crash.py",
+        textwrap.dedent(
+            """\
+            import os, signal, numpy as np, tnt_comm as tc
+            x = np.ones(1000, np.float32)
+            tc.allreduce(x)
+            if tc.rank() == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            while True:
+                tc.allreduce(x)
+            """
+        ),
+    )
+    registry = tmp_path / "registry"
+    before = _tnt_segments()
+    done = slurm.run(
+        ["salloc", "-n", "3", *LAUNCH, "--", str(script)],
+        timeout=90,
+        env={"TNT_LAUNCH_REGISTRY": str(registry), "TNT_TIMEOUT_S": "20"},
+    )
+    assert done.returncode == 137, done.stderr[-3000:]
+    assert re.search(r"job \w+ failed: rank 1 \(host \S+, local rank 1\) was killed by signal 9", done.stderr), (
+        done.stderr[-3000:]
+    )
+    # Nothing left: no rank, no registry entry, no shared memory.
+    assert not [f for f in os.listdir(registry) if f.endswith(".json")], os.listdir(registry)
+    assert not {f for f in os.listdir("/dev/shm") if f.startswith("tnt-")} - before - _tnt_segments()
+    left = [p.info for p in psutil.process_iter(["pid", "cmdline"]) if str(script) in " ".join(p.info["cmdline"] or [])]
+    assert not left, left
