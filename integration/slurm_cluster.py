@@ -1,10 +1,16 @@
-"""A real one-node Slurm cluster on this machine, for the tests: munged, slurmctld and slurmd.
+"""A real Slurm cluster on this machine, for the tests: munged, slurmctld and slurmd.
 
 Debian's packages (munge, slurmctld, slurmd, slurm-client), started by hand in a private folder with
 their own key, ports, state and logs: nothing of the machine's own Slurm configuration (if any) is
-read or touched. The node is this host under its own name, so the names Slurm hands to jobs
-(SLURM_STEP_NODELIST) resolve here; `SlurmdParameters=config_overrides` lets it offer more CPUs
-than the machine has, so that 2-core machines can run 4-task jobs.
+read or touched. `SlurmdParameters=config_overrides` lets a node offer more CPUs than the machine
+has, so that 2-core machines can run 4-task jobs.
+
+- `up()`: one node, this host under its own name (the names Slurm hands to jobs resolve here).
+- `up_on(cluster)`: one node per host of a cluster of network namespaces (netns_cluster.py), named
+  tntnode0, tntnode1, ...: each node's daemons and jobs run in its host's namespaces and in a UTS
+  namespace of its own under that name, with an /etc/hosts of the cluster's names bound over the
+  machine's in the host's mount namespace. slurmctld runs on node 0, and so do `run`'s commands
+  (salloc, srun), as on a cluster's first node.
 
 As a script (as root), for trying things by hand:
 
@@ -15,6 +21,7 @@ As a script (as root), for trying things by hand:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -27,6 +34,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd")
 CLIENTS = ("srun", "salloc", "sbatch", "sinfo", "squeue", "scancel", "scontrol")
@@ -69,8 +77,18 @@ class Slurm:
 
     folder: str
     node: str
+    """The first node's name."""
     cpus: int
     pids: dict[str, int] = field(default_factory=dict)
+    nodes: list[str] = field(default_factory=list)
+    anchors: list[int] = field(default_factory=list)
+    """Per node on a namespace cluster: a process that holds its namespaces (network, mount, UTS)."""
+
+    def on_node(self, node: int, argv: list[str]) -> list[str]:
+        """`argv` run on node `node`: in its namespaces where it has its own, else as it is."""
+        if not self.anchors:
+            return argv
+        return ["nsenter", "-t", str(self.anchors[node]), "-n", "-m", "-u", "--", *argv]
 
     @property
     def env(self) -> dict[str, str]:
@@ -79,35 +97,43 @@ class Slurm:
     def run(self, argv: list[str], timeout: float, **kwargs: object) -> subprocess.CompletedProcess[str]:
         """Run a client command (srun, salloc, ...) against this cluster; output captured as text."""
         env = {**self.env, **kwargs.pop("env", {})}  # type: ignore[dict-item]
-        return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, check=False, **kwargs)  # type: ignore[call-overload]
+        return subprocess.run(  # type: ignore[call-overload]
+            self.on_node(0, argv), env=env, capture_output=True, text=True, timeout=timeout, check=False, **kwargs
+        )
 
     def log(self, daemon: str) -> str:
+        """A daemon's log: "slurmctld", "munged", or "slurmd-NODE"."""
         path = Path(self.folder) / f"{daemon}.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
     def down(self) -> None:
-        """Stop the daemons this cluster started (by PID) and remove its folder."""
-        for name in ("slurmd", "slurmctld", "munged"):
+        """Stop the daemons and namespace holders this cluster started (by PID), remove its folder."""
+        daemons = sorted(name for name in self.pids if name.startswith("slurmd"))
+        for name in [*daemons, "slurmctld", "munged"]:
             pid = self.pids.get(name)
-            if pid is None:
-                continue
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                continue
-            for _ in range(100):
-                if not _alive(pid):
-                    break
-                time.sleep(0.05)
-            else:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            if pid is not None:
+                _stop(pid)
+        for pid in self.anchors:
+            _stop(pid)
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
+def _stop(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    for _ in range(100):
+        if not _alive(pid):
+            return
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
 def _alive(pid: int) -> bool:
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -119,10 +145,13 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _config(folder: Path, node: str, cpus: int, ctld_port: int, slurmd_port: int) -> str:
+def _config(folder: Path, nodes: list[tuple[str, str]], cpus: int, ctld_port: int, slurmd_port: int) -> str:
+    """slurm.conf for `nodes` (name, address); slurmctld runs on the first."""
+    lines = "".join(f"NodeName={name} NodeAddr={addr} CPUs={cpus} State=UNKNOWN\n" for name, addr in nodes)
+    names = ",".join(name for name, _ in nodes)
     return f"""\
 ClusterName=tnttest
-SlurmctldHost={node}(127.0.0.1)
+SlurmctldHost={nodes[0][0]}({nodes[0][1]})
 SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}
 SlurmUser=root
@@ -131,11 +160,11 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={folder}/munge.sock
 StateSaveLocation={folder}/state
-SlurmdSpoolDir={folder}/spool
+SlurmdSpoolDir={folder}/spool-%n
 SlurmctldPidFile={folder}/slurmctld.pid
-SlurmdPidFile={folder}/slurmd.pid
+SlurmdPidFile={folder}/slurmd-%n.pid
 SlurmctldLogFile={folder}/slurmctld.log
-SlurmdLogFile={folder}/slurmd.log
+SlurmdLogFile={folder}/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
 ProctrackType=proctrack/linuxproc
@@ -152,27 +181,88 @@ JobAcctGatherType=jobacct_gather/none
 KillWait=5
 InactiveLimit=0
 MinJobAge=10
-NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
-PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
+{lines}PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 """
 
 
 def up(cpus: int = 4, timeout: float = 30.0) -> Slurm:
-    """Start munged, slurmctld and slurmd; return once the node takes jobs."""
+    """One node, this host: start munged, slurmctld and slurmd; return once the node takes jobs."""
+    return _start([(socket.gethostname().split(".")[0], "127.0.0.1")], [], cpus, timeout)
+
+
+def up_on(netns: Any, cpus: int = 2, timeout: float = 30.0) -> Slurm:
+    """One node per host of `netns` (a running netns_cluster.Cluster), named tntnode0, tntnode1, ..."""
+    why = missing_requirements()
+    if why is not None:
+        raise SlurmUnavailable(why)
+    nodes = [(f"tntnode{i}", netns.address(i)) for i in range(len(netns.hosts))]
+    folder = Path(tempfile.mkdtemp(prefix="tnt-slurm-hosts-"))
+    hosts = folder / "hosts"
+    hosts.write_text("127.0.0.1 localhost\n" + "".join(f"{addr} {name}\n" for name, addr in nodes))
+    anchors: list[int] = []
+    try:
+        for i, (name, _) in enumerate(nodes):
+            # The host's mount namespace is its own (netns_cluster): the names resolve on it alone.
+            _quiet(netns.command(i, ["mount", "--bind", str(hosts), "/etc/hosts"]))
+            # `ip netns exec` gave it a /sys of its own, without the cgroup file systems slurmd reads.
+            _quiet(netns.command(i, ["sh", "-c", _cgroup_mounts()]))
+            anchor = subprocess.Popen(
+                netns.command(i, ["unshare", "--uts", "sh", "-c", f"hostname {name} && exec sleep infinity"]),
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )
+            anchors.append(anchor.pid)
+        for pid in anchors:
+            _wait_hostname(pid, timeout)
+        cluster = _start(nodes, anchors, cpus, timeout)
+    except BaseException:
+        for pid in anchors:
+            _stop(pid)
+        raise
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)  # bound already: the mounts keep the file
+    return cluster
+
+
+def _cgroup_mounts() -> str:
+    """Shell commands that mount the cgroup file systems as this machine has them under /sys/fs/cgroup
+    (v1 controllers under a tmpfs, or one v2 tree): slurmd refuses a mix of the two."""
+    commands = []
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        _, target, kind, options = line.split()[:4]
+        if target == "/sys/fs/cgroup" and kind == "tmpfs":
+            commands.append("mount -t tmpfs -o mode=755 tmpfs /sys/fs/cgroup")
+        elif target.startswith("/sys/fs/cgroup") and kind in ("cgroup", "cgroup2"):
+            commands.append(f"mkdir -p {target} && mount -t {kind} -o {options} {kind} {target}")
+    if not commands:
+        raise SlurmUnavailable("this machine has no cgroup file system under /sys/fs/cgroup for slurmd")
+    return " && ".join(commands)
+
+
+def _wait_hostname(pid: int, timeout: float) -> None:
+    """Wait until the namespace holder `pid` runs `sleep` (it has set its host name)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "sleep":
+                return
+        time.sleep(0.02)
+    raise SlurmUnavailable(f"a node's namespaces did not come up within {timeout:g} s")
+
+
+def _start(nodes: list[tuple[str, str]], anchors: list[int], cpus: int, timeout: float) -> Slurm:
     why = missing_requirements()
     if why is not None:
         raise SlurmUnavailable(why)
     folder = Path(tempfile.mkdtemp(prefix="tnt-slurm-"))
     os.chmod(folder, 0o755)  # slurmd's tasks (the test's own user: root) read the config here
-    node = socket.gethostname().split(".")[0]
-    cluster = Slurm(str(folder), node, cpus)
+    cluster = Slurm(str(folder), nodes[0][0], cpus, nodes=[name for name, _ in nodes], anchors=list(anchors))
     try:
         (folder / "state").mkdir()
-        (folder / "spool").mkdir()
-        rng = random.Random()
-        ctld_port = _free_port(rng)
+        for name, _ in nodes:
+            (folder / f"spool-{name}").mkdir()
+        ctld_port = _free_port(random.Random())
         slurmd_port = ctld_port + 1 if ctld_port < 10239 else ctld_port - 1
-        (folder / "slurm.conf").write_text(_config(folder, node, cpus, ctld_port, slurmd_port))
+        (folder / "slurm.conf").write_text(_config(folder, nodes, cpus, ctld_port, slurmd_port))
         _quiet([_program("mungekey"), "-c", "-k", str(folder / "munge.key")])
         _quiet([
             _program("munged"), "--force", f"--socket={folder}/munge.sock", f"--key-file={folder}/munge.key",
@@ -180,10 +270,15 @@ def up(cpus: int = 4, timeout: float = 30.0) -> Slurm:
         ])
         cluster.pids["munged"] = _read_pid(folder / "munged.pid", timeout)
         env = cluster.env
-        _quiet([_program("slurmctld"), "-i"], env=env)
+        _quiet(cluster.on_node(0, [_program("slurmctld"), "-i"]), env=env)
         cluster.pids["slurmctld"] = _read_pid(folder / "slurmctld.pid", timeout)
-        _quiet([_program("slurmd")], env=env)
-        cluster.pids["slurmd"] = _read_pid(folder / "slurmd.pid", timeout)
+        for i, (name, _) in enumerate(nodes):
+            try:
+                _quiet(cluster.on_node(i, [_program("slurmd")]), env=env)
+            except SlurmUnavailable as e:
+                log = cluster.log(f"slurmd-{name}")[-800:]
+                raise SlurmUnavailable(f"{e}; slurmd's log on {name} ends: {log}") from None
+            cluster.pids[f"slurmd-{name}"] = _read_pid(folder / f"slurmd-{name}.pid", timeout)
         _wait_idle(cluster, timeout)
     except BaseException:
         cluster.down()
@@ -215,13 +310,13 @@ def _wait_idle(cluster: Slurm, timeout: float) -> None:
     state = ""
     while time.monotonic() < deadline:
         done = cluster.run(["sinfo", "-h", "-N", "-o", "%T"], timeout=10)
-        state = done.stdout.strip()
-        if state.startswith("idle"):
+        state = " ".join(done.stdout.split())
+        if state and all(word.startswith("idle") for word in state.split()):
             return
         time.sleep(0.2)
     raise SlurmUnavailable(
         f"the node is {state or 'unknown'} after {timeout:g} s, not idle; slurmd's log ends: "
-        + cluster.log("slurmd")[-800:]
+        + cluster.log(f"slurmd-{cluster.nodes[-1]}")[-800:]
     )
 
 

@@ -2,7 +2,8 @@
 
 Plain `srun -n N python script.py` forms one job of N ranks from Slurm's variables; tnt-launch in an
 allocation starts its ranks as the tasks of one srun step. Either way a rank killed under srun ends
-the job, named, and leaves nothing behind.
+the job, named, and leaves nothing behind. On one node (this host), and on two: the hosts of a
+cluster of network namespaces, shared memory within a node and TCP between.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from slurm_cluster import Slurm, SlurmUnavailable, up
+from netns_cluster import Cluster, ClusterUnavailable
+from netns_cluster import up as netns_up
+from slurm_cluster import Slurm, SlurmUnavailable, up, up_on
 
 SUM = textwrap.dedent(
     """\
@@ -163,5 +166,106 @@ def test_a_rank_killed_under_tnt_launch_over_srun_ends_the_job_named(slurm: Slur
     # Nothing left: no rank, no registry entry, no shared memory.
     assert not [f for f in os.listdir(registry) if f.endswith(".json")], os.listdir(registry)
     assert not {f for f in os.listdir("/dev/shm") if f.startswith("tnt-")} - before - _tnt_segments()
+    left = [p.info for p in psutil.process_iter(["pid", "cmdline"]) if str(script) in " ".join(p.info["cmdline"] or [])]
+    assert not left, left
+
+
+# -- Two nodes: one per host of a cluster of network namespaces ----------------------------------
+
+PLACED = textwrap.dedent(
+    """\
+    import socket, numpy as np, tnt_comm as tc
+    total = tc.allreduce(np.array([tc.rank() + 1.0], np.float32))[0]
+    kinds = sorted(set(tc.transports()) - {"self"})
+    print(f"rank {tc.rank()} of {tc.size()} local {tc.local_rank()}/{tc.local_size()} on {socket.gethostname()} "
+          f"sum {total:g} over {'+'.join(kinds)}", flush=True)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def two_nodes() -> Iterator[tuple[Slurm, Cluster]]:
+    try:
+        hosts = netns_up(2)
+    except ClusterUnavailable as e:
+        print(f"SKIP two-node Slurm tests: {e}")
+        pytest.skip(str(e))
+    try:
+        try:
+            cluster = up_on(hosts, cpus=2)
+        except SlurmUnavailable as e:
+            print(f"SKIP two-node Slurm tests: {e}")
+            pytest.skip(str(e))
+        try:
+            yield cluster, hosts
+        finally:
+            cluster.down()
+    finally:
+        hosts.down()
+
+
+def _placed(out: str) -> list[str]:
+    return sorted(line.split("] ", 1)[-1] for line in out.splitlines() if " of " in line)
+
+
+@pytest.mark.timeout(180)
+def test_two_nodes_under_plain_srun_and_tnt_launch(two_nodes: tuple[Slurm, Cluster], tmp_path: Path) -> None:
+    slurm, hosts = two_nodes
+    script = _script(tmp_path, "placed.py", PLACED)
+    both = [
+        f"rank {r} of 4 local {r % 2}/2 on tntnode{r // 2} sum 10 over shm+tcp" for r in range(4)
+    ]
+    done = slurm.run(["srun", "-N", "2", "-n", "4", sys.executable, str(script)], timeout=90)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _placed(done.stdout) == both, done.stdout + done.stderr[-2000:]
+
+    done = slurm.run(["salloc", "-N", "2", "-n", "4", *LAUNCH, "--output-on-all-devices", "--", str(script)],
+                     timeout=90)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _placed(done.stdout) == both, done.stdout + done.stderr[-2000:]
+
+    # Three tasks on two nodes: Slurm gives the first node two (SLURM_TASKS_PER_NODE=2,1), and so does the plan.
+    done = slurm.run(["salloc", "-N", "2", "-n", "3", *LAUNCH, "--output-on-all-devices", "--", str(script)],
+                     timeout=90)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert _placed(done.stdout) == [
+        "rank 0 of 3 local 0/2 on tntnode0 sum 6 over shm+tcp",
+        "rank 1 of 3 local 1/2 on tntnode0 sum 6 over shm+tcp",
+        "rank 2 of 3 local 0/1 on tntnode1 sum 6 over tcp",
+    ], done.stdout + done.stderr[-2000:]
+
+
+@pytest.mark.timeout(180)
+def test_a_rank_killed_on_the_second_node_ends_the_job(two_nodes: tuple[Slurm, Cluster], tmp_path: Path) -> None:
+    slurm, hosts = two_nodes
+    script = _script(
+        tmp_path,
+        "crash.py",
+        textwrap.dedent(
+            """\
+            import os, signal, numpy as np, tnt_comm as tc
+            x = np.ones(1000, np.float32)
+            tc.allreduce(x)
+            if tc.rank() == 3:
+                os.kill(os.getpid(), signal.SIGKILL)
+            while True:
+                tc.allreduce(x)
+            """
+        ),
+    )
+    registry = tmp_path / "registry"
+    done = slurm.run(
+        ["salloc", "-N", "2", "-n", "4", *LAUNCH, "--", str(script)],
+        timeout=120,
+        env={"TNT_LAUNCH_REGISTRY": str(registry), "TNT_TIMEOUT_S": "20"},
+    )
+    assert done.returncode == 137, done.stderr[-3000:]
+    assert re.search(r"job \w+ failed: rank 3 \(host tntnode1, local rank 1\) was killed by signal 9", done.stderr), (
+        done.stderr[-3000:]
+    )
+    # Nothing left on either node: no rank, no registry entry, no shared memory of tnt-comm.
+    assert not [f for f in os.listdir(registry) if f.endswith(".json")], os.listdir(registry)
+    for host in range(2):
+        assert not [f for f in os.listdir(hosts.path(host, "/dev/shm")) if f.startswith("tnt-")]
     left = [p.info for p in psutil.process_iter(["pid", "cmdline"]) if str(script) in " ".join(p.info["cmdline"] or [])]
     assert not left, left
