@@ -8,13 +8,18 @@ cluster of network namespaces, shared memory within a node and TCP between.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shlex
+import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 from netns_cluster import Cluster, ClusterUnavailable
@@ -269,3 +274,91 @@ def test_a_rank_killed_on_the_second_node_ends_the_job(two_nodes: tuple[Slurm, C
         assert not [f for f in os.listdir(hosts.path(host, "/dev/shm")) if f.startswith("tnt-")]
     left = [p.info for p in psutil.process_iter(["pid", "cmdline"]) if str(script) in " ".join(p.info["cmdline"] or [])]
     assert not left, left
+
+
+# -- Preemption: a signal before the end, a checkpoint, and a second job that resumes from it -------
+
+TRAIN = textwrap.dedent(
+    """\
+    import json, os, sys, time
+    import numpy as np
+    import keras
+    import tnt_keras as tnt
+
+    out, backup = sys.argv[1], sys.argv[2]
+    keras.utils.set_random_seed(7)
+    x = np.random.default_rng(0).normal(size=(64, 8)).astype("float32")
+    y = x @ np.arange(8, dtype="float32")[:, None]
+    inner = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4, activation="tanh"), keras.layers.Dense(1)])
+    model = tnt.Model(inner)
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+
+
+    class WaitForSignal(keras.callbacks.Callback):
+        # The first job says when it is in epoch 2, and waits there for the test's signal.
+        def on_epoch_begin(self, epoch, logs=None):
+            if os.environ.get("WAIT_FOR_SIGNAL") == "1" and epoch == 2:
+                if tnt.is_master_rank():
+                    open(out + ".ready", "w").close()
+                deadline = time.monotonic() + 60
+                while not tnt.preemption.requested() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+
+
+    history = model.fit(x, y, batch_size=16, epochs=6, shuffle=False, verbose=0,
+                        callbacks=[keras.callbacks.BackupAndRestore(backup), WaitForSignal()])
+    if tnt.is_master_rank():
+        with open(out, "w") as f:
+            json.dump({"epochs": history.epoch, "preempted": tnt.preempted(),
+                       "weights": [w.tolist() for w in inner.get_weights()]}, f)
+    """
+)
+
+
+@pytest.mark.timeout(300)
+def test_a_preemption_signal_ends_in_a_checkpoint_the_next_job_resumes_from_exactly(
+    slurm: Slurm, tmp_path: Path
+) -> None:
+    script = _script(tmp_path, "train.py", TRAIN)
+    backup = tmp_path / "backup"
+    first, second, whole = (tmp_path / name for name in ("first.json", "second.json", "whole.json"))
+    # As `#SBATCH --signal=USR1@T` would, T seconds before the time limit: scancel --signal=USR1 signals
+    # every task of the job's steps (tnt-launch's agents and ranks), not the batch shell.
+    job = subprocess.Popen(
+        ["sbatch", "--wait", "--parsable", "-n", "2", "-o", str(tmp_path / "first.out"),
+         "--wrap", shlex.join([*LAUNCH, "--", str(script), str(first), str(backup)])],
+        env={**slurm.env, "WAIT_FOR_SIGNAL": "1"}, stdout=subprocess.PIPE, text=True, cwd=tmp_path,
+    )
+    try:
+        assert job.stdout is not None
+        job_id = job.stdout.readline().strip().split(";")[0]
+        deadline = time.monotonic() + 180
+        while not Path(f"{first}.ready").exists():
+            assert job.poll() is None, (tmp_path / "first.out").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the first job did not reach epoch 2"
+            time.sleep(0.2)
+        signalled = slurm.run(["scancel", "--signal=USR1", job_id], timeout=30)
+        assert signalled.returncode == 0, signalled.stderr
+        assert job.wait(timeout=120) == 0, (tmp_path / "first.out").read_text()[-3000:]
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    got = json.loads(first.read_text())
+    # Stopped on every rank after the epoch it was in, with the checkpoint kept...
+    assert got["preempted"] and got["epochs"] == [0, 1, 2], got
+    assert "training stops after epoch 3 (BackupAndRestore saved it)" in (tmp_path / "first.out").read_text()
+    assert backup.exists()
+
+    # ... which the next job resumes from; it ends where one job without a signal ends, exactly.
+    done = slurm.run(["salloc", "-n", "2", *LAUNCH, "--", str(script), str(second), str(backup)], timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    done = slurm.run(["salloc", "-n", "2", *LAUNCH, "--", str(script), str(whole), str(tmp_path / "other")],
+                     timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    resumed, uninterrupted = json.loads(second.read_text()), json.loads(whole.read_text())
+    assert resumed["epochs"] == [3, 4, 5] and not resumed["preempted"], resumed
+    assert uninterrupted["epochs"] == [0, 1, 2, 3, 4, 5], uninterrupted
+    # The same computations in the same order on the same machine: equal to the last bit.
+    for a, b in zip(resumed["weights"], uninterrupted["weights"], strict=True):
+        assert np.array_equal(np.array(a), np.array(b)), (a, b)

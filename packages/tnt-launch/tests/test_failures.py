@@ -93,6 +93,37 @@ def test_sigterm_escalates_to_sigkill_for_ranks_that_ignore_it(
     assert_job_gone(got[0]["env"]["TNT_JOB_ID"], processes + _pids(got))
 
 
+WAIT_FOR_USR1 = """\
+import os, signal, sys, time
+got = []
+signal.signal(signal.SIGUSR1, lambda *_: got.append(1))
+open(os.path.join(sys.argv[1], "ready-" + os.environ["TNT_RANK"]), "w").close()
+deadline = time.monotonic() + 30
+while not got and time.monotonic() < deadline:
+    time.sleep(0.05)
+print("rank", os.environ["TNT_RANK"], "got SIGUSR1" if got else "got nothing", flush=True)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_sigusr1_reaches_every_rank_and_the_job_goes_on(launcher: Launcher, tmp_path: Path) -> None:
+    """A preemption warning (sbatch --signal=B:USR1@T reaches the batch shell, which passes it on to
+    tnt-launch): every rank gets it, and nothing stops."""
+    script = tmp_path / "wait_usr1.py"
+    script.write_text(WAIT_FOR_USR1)
+    proc = launcher.start(["-n", "3", "--no-gpu", "--output-on-all-devices", "--", str(script), str(tmp_path)])
+    deadline = time.monotonic() + 30
+    while not all((tmp_path / f"ready-{r}").exists() for r in range(3)):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGUSR1)
+    out, err = proc.communicate(timeout=40)
+    assert proc.returncode == 0, err
+    assert sorted(line.split("] ", 1)[1] for line in out.splitlines()) == [
+        f"rank {r} got SIGUSR1" for r in range(3)
+    ], out + err
+
+
 @pytest.mark.timeout(60)
 def test_second_ctrl_c_kills_at_once(launcher: Launcher, reports: Path) -> None:
     proc, got, processes = _start_and_wait(launcher, reports, 2, "--ignore-sigterm")

@@ -19,8 +19,9 @@ from .runtime import setup_logging
 
 setup_logging()  # first, so that building the TF op logs in tnt's format and only on the master rank
 
-from . import backends, callbacks, models  # noqa: E402
+from . import backends, callbacks, models, preemption  # noqa: E402
 from .model import Model  # noqa: E402
+from .preemption import preempted  # noqa: E402
 from .runtime import get_local_rank, get_master_rank, get_rank, get_size, is_master_rank  # noqa: E402
 
 __all__ = [
@@ -32,11 +33,14 @@ __all__ = [
     "get_size",
     "is_master_rank",
     "models",
+    "preempted",
 ]
 
 __version__ = "0.1.0"
 
 tnt_comm.init()
+# SIGUSR1 (a preemption warning) becomes a checkpoint from now on, never the end of the rank.
+preemption.install()
 if backends.current().__name__.endswith(".tensorflow"):
     from .backends.tensorflow.inputs import install_shuffle_seed
 

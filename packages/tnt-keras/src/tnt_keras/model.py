@@ -23,7 +23,7 @@ import keras
 import numpy as np
 import tnt_comm
 
-from . import backends, configs, files, metrics, outcome, predictions, runtime
+from . import backends, configs, files, metrics, outcome, predictions, preemption, runtime
 from . import callbacks as tnt_callbacks
 from . import variables as shared_variables
 from .forwarding import FORWARDED_ATTRIBUTES, INTERCEPTED, NO_CLASS, Forwarded, awaiting, wrapped
@@ -38,6 +38,12 @@ def _accepts_keyword(function: Callable[..., Any], name: str) -> bool:
     except (TypeError, ValueError):
         return True
     return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
+def _with_preemption_watch(callbacks: list[keras.callbacks.Callback]) -> list[keras.callbacks.Callback]:
+    """``fit``'s callbacks and, last, the watch that turns a preemption signal into a stop after the
+    epoch on every rank (preemption.py)."""
+    return [*callbacks, preemption.watch(callbacks)]
 
 
 def _warn_if_diverged(model: keras.Model) -> None:
@@ -410,7 +416,7 @@ class Model(keras.Model):
                 ds,
                 epochs=epochs,
                 verbose=self._verbose(verbose),
-                callbacks=tnt_callbacks.wrap_all(callbacks, self),
+                callbacks=_with_preemption_watch(tnt_callbacks.wrap_all(callbacks, self)),
                 validation_data=val_ds,
                 class_weight=class_weight,
                 initial_epoch=initial_epoch,

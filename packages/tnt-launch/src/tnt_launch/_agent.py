@@ -14,7 +14,9 @@ over ssh, in one of four modes:
   reports it (see `contract.REPORT_FD`), {"event": "exit", ...} with the rank's status at the end, and
   {"event": "state", ...} in
   answer to 'S' on stdin: which processes of the rank are stopped (state T) or stopped by a
-  tracer (t, a debugger), checked here because only this host can see them. Each such line is
+  tracer (t, a debugger), checked here because only this host can see them. SIGUSR1 (or 'U' on
+  stdin) is passed on to the rank's process group: a warning before the job's end, which tnt-keras
+  turns into a checkpoint. Each such line is
   written with one write() of less than PIPE_BUF bytes, so it never splits, nor is split by, a
   write of the rank's own.
 - ``probe``: describe this host (GPUs, CPUs, NUMA nodes, numactl, optionally a free TCP port).
@@ -54,6 +56,9 @@ _REPORT_CHARS = 1500
 
 _PR_SET_CHILD_SUBREAPER = 36
 
+FORWARDED = signal.SIGUSR1
+"""The signal the agent passes on to its rank, when it gets it or is told 'U' on stdin."""
+
 
 class _Stopper:
     """Stops the rank's process group once, gracefully or at once, from any thread."""
@@ -90,6 +95,10 @@ class _Stopper:
         """The rank's PID while it runs; None before it starts and once it has been reaped."""
         with self._lock:
             return None if self._done else self._pid
+
+    def forward(self, sig: int) -> None:
+        """Pass `sig` on to the rank's process group (a preemption warning: SIGUSR1)."""
+        self._signal(sig)
 
     def finished(self) -> None:
         with self._lock:
@@ -136,6 +145,8 @@ def _watch_stdin(stopper: _Stopper, pending: bytes, rank: int) -> None:
     while True:
         if b"S" in data:
             _tell(rank_state(rank, stopper.pid))
+        for _ in range(data.count(b"U")):
+            stopper.forward(FORWARDED)
         if b"K" in data:
             stopper.request(force=True)
         elif b"T" in data:
@@ -232,6 +243,9 @@ def run_rank(request: dict[str, Any], pending: bytes = b"") -> int:
     stopper = _Stopper(float(request.get("grace", jobs.GRACE_S)))
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: stopper.request())
+    # A warning before the end (Slurm's --signal=USR1@T signals every process of the job's steps, this
+    # agent too): passed on to the rank, which it would otherwise end with the agent.
+    signal.signal(FORWARDED, lambda *_: stopper.forward(FORWARDED))
     _become_subreaper()
     threading.Thread(target=_watch_stdin, args=(stopper, pending, rank), daemon=True).start()
 

@@ -1,17 +1,135 @@
-"""GPI-2's ports for `--transport gpi2`: a range of its own for every job on the launching host.
+"""What tnt-launch sets up for `--transport gpi2`, in one place: the machinefile, every rank's GASPI_*
+variables, and a range of GPI-2 ports of its own for every job on the launching host.
 
-GPI-2 listens on fixed ports (base 10840) unless moved; tnt-comm moves them to TNT_GPI2_PORT_BASE
-and uses base+socket, base+256+socket and base+512+socket, where socket is the rank's index among
-the ranks of its host. So two jobs on one host need different bases.
+GPI-2 ranks start from GASPI_RANK, GASPI_SOCKET, GASPI_NRANKS and GASPI_MFILE; tnt-comm takes all
+four or derives all four itself, never some, so they are set together, and only where rank 0 runs on
+this host (GPI-2 reads the machinefile there, and only there). GPI-2 listens on fixed ports (base
+10840) unless moved; tnt-comm moves them to TNT_GPI2_PORT_BASE and uses base+socket,
+base+256+socket and base+512+socket, where socket is the rank's index among the ranks of its host.
+So two jobs on one host need different bases.
 """
 
 from __future__ import annotations
 
 import random
 import socket
-from collections.abc import Collection
+from collections import Counter
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 
+from tnt_launch import contract
 from tnt_launch.config import LaunchError
+from tnt_launch.hosts import Host, is_loopback
+
+PORT_BASE_VARIABLE = contract.GPI2_PORT_BASE
+NO_MACHINEFILE = "/dev/null"
+"""GASPI_MFILE of every rank but 0: GPI-2 reads the machinefile on rank 0 only."""
+NAME_MAX = 62
+"""GPI-2 skips machinefile lines of 64 bytes or more, newline included."""
+
+
+def machines(hosts: Sequence[Host], counts: Sequence[int], master_addr: str) -> list[str]:
+    """Rank r's host on line r. Ranks of this host go by TNT_MASTER_ADDR (when rank 0 is here,
+    that is the name other hosts reach it by), and so do loopback hosts (ssh to 127.0.0.2 is this
+    machine too): GPI-2 numbers the ranks of one name as sockets 0, 1, ..., and those pick the
+    ports, so each machine must appear under one name."""
+    names: list[str] = []
+    for host, count in zip(hosts, counts):
+        name = master_addr if host.local or is_loopback(host.name) else host.name
+        names.extend([name] * count)
+    return names
+
+
+def skipped(hosts: Sequence[Host], names: Sequence[str]) -> str | None:
+    """Why tnt-launch leaves GASPI_* and the port base to tnt-comm, or None if it sets them."""
+    if not hosts[0].local:
+        # GPI-2 reads the machinefile on rank 0's host, where tnt-launch writes nothing; tnt-comm's
+        # rank 0 writes one there itself, and picks ports that are free there.
+        return f"rank 0 runs on {hosts[0].name}, not on this host"
+    too_long = next((name for name in names if len(name) > NAME_MAX), None)
+    if too_long is not None:
+        return f"host name {too_long} is longer than the {NAME_MAX} characters of a GPI-2 machinefile line"
+    return None
+
+
+def sockets_needed(hosts: Sequence[Host], counts: Sequence[int], master_addr: str) -> int:
+    """The most ranks of one machine: what a port base must leave room for; 0 where tnt-launch sets
+    nothing up (see `skipped`)."""
+    names = machines(hosts, counts, master_addr)
+    return 0 if skipped(hosts, names) is not None else max(Counter(names).values())
+
+
+@dataclass(frozen=True)
+class Setup:
+    """GPI-2 as planned for one job."""
+
+    machines: tuple[str, ...] = ()
+    """The machinefile's lines (rank r's host on line r); empty where tnt-comm derives GASPI_*."""
+    machinefile: str | None = None
+    sockets: tuple[int, ...] = ()
+    port_base: int | None = None
+    """The TNT_GPI2_PORT_BASE tnt-launch picked and sets (not the user's)."""
+    note: str = ""
+    """One line on what was set up, or why nothing was (for --dry-run)."""
+
+    def rank_env(self, rank: int, size: int) -> dict[str, str]:
+        """GPI-2's variables for `rank`: all four, or none."""
+        if not self.machines:
+            return {}
+        env = {
+            "GASPI_RANK": str(rank),
+            # The rank's index among the ranks of its machinefile name, as GPI-2 counts it: the local
+            # rank, unless two host entries are one machine.
+            "GASPI_SOCKET": str(self.sockets[rank]),
+            "GASPI_NRANKS": str(size),
+            "GASPI_MFILE": (self.machinefile or NO_MACHINEFILE) if rank == 0 else NO_MACHINEFILE,
+        }
+        if self.port_base is not None:
+            env[PORT_BASE_VARIABLE] = str(self.port_base)
+        return env
+
+
+def plan(
+    hosts: Sequence[Host],
+    counts: Sequence[int],
+    master_addr: str,
+    machinefile: str | None,
+    port_base: int | None,
+    users_port_base: bool,
+) -> Setup:
+    """The set-up for ranks `counts` per host: a machinefile at `machinefile` (the launcher writes it
+    when the job starts) and `port_base` unless the user set TNT_GPI2_PORT_BASE."""
+    names = machines(hosts, counts, master_addr)
+    why = skipped(hosts, names)
+    if why is not None:
+        return Setup(
+            note=f"GPI-2: {why}: tnt-comm derives GASPI_* from its rendezvous (and picks "
+            f"{PORT_BASE_VARIABLE}, unless set) when the job starts."
+        )
+    if machinefile is None:
+        raise ValueError("--transport gpi2 needs the path of the job's machinefile")
+    seen: Counter[str] = Counter()
+    sockets = []
+    for name in names:
+        sockets.append(seen[name])
+        seen[name] += 1
+    if users_port_base:
+        ports = f"ports from {PORT_BASE_VARIABLE} as you set it"
+        port_base = None
+    elif port_base is not None:
+        ports = f"ports from {PORT_BASE_VARIABLE}={port_base}, free here when planned"
+    else:
+        ports = "ports picked by tnt-comm"
+    return Setup(
+        machines=tuple(names),
+        machinefile=machinefile,
+        sockets=tuple(sockets),
+        port_base=port_base,
+        note=(
+            f"GPI-2: machinefile {machinefile} ({len(names)} line(s), read by rank 0), written when the "
+            f"job starts and removed when it ends; {ports}."
+        ),
+    )
 
 PORT_BASE_LOW = 10240
 PORT_BASE_HIGH = 32768 - 1024

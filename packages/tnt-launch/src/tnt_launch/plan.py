@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import math
 import os
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tnt_launch import contract
+from tnt_launch import contract, gpi2
 from tnt_launch.config import FOREVER_S, LaunchConfig, LaunchError
 from tnt_launch.hosts import Host, is_loopback
 
@@ -75,15 +74,6 @@ NOT_CARRIED = (
     "TNT_LAUNCH_REGISTRY",
     "CUDA_VISIBLE_DEVICES",  # set per rank (RESERVED_ENV)
 )
-
-# --transport gpi2: GPI-2 ranks start from GASPI_RANK, GASPI_SOCKET, GASPI_NRANKS and GASPI_MFILE.
-# tnt-comm takes all four or derives all four itself, never some, so they are set together.
-GPI2_PORT_BASE = contract.GPI2_PORT_BASE
-GPI2_NO_MACHINEFILE = "/dev/null"
-"""GASPI_MFILE of every rank but 0: GPI-2 reads the machinefile on rank 0 only."""
-_GPI2_NAME_MAX = 62
-"""GPI-2 skips machinefile lines of 64 bytes or more, newline included."""
-
 
 class PlanError(LaunchError):
     """The configuration cannot be carried out on these hosts."""
@@ -242,31 +232,6 @@ def _master_addr(hosts: Sequence[Host]) -> str:
     return master_addr
 
 
-def _gpi2_machines(hosts: Sequence[Host], counts: Sequence[int], master_addr: str) -> list[str]:
-    """Rank r's host on line r. Ranks of this host go by TNT_MASTER_ADDR (when rank 0 is here,
-    that is the name other hosts reach it by), and so do loopback hosts (ssh to 127.0.0.2 is this
-    machine too): GPI-2 numbers the ranks of one name as sockets 0, 1, ..., and those pick the
-    ports, so each machine must appear under one name."""
-    machines: list[str] = []
-    for host, count in zip(hosts, counts):
-        name = master_addr if host.local or is_loopback(host.name) else host.name
-        machines.extend([name] * count)
-    return machines
-
-
-def _gpi2_skipped(hosts: Sequence[Host], machines: Sequence[str]) -> str | None:
-    """Why tnt-launch leaves GASPI_* and the port base to tnt-comm, or None if it sets them."""
-    if not hosts[0].local:
-        # GPI-2 reads the machinefile on rank 0's host, where tnt-launch writes nothing; tnt-comm's
-        # rank 0 writes one there itself, and picks ports that are free there.
-        return f"rank 0 runs on {hosts[0].name}, not on this host"
-    too_long = next((name for name in machines if len(name) > _GPI2_NAME_MAX), None)
-    if too_long is not None:
-        return (f"host name {too_long} is longer than the {_GPI2_NAME_MAX} characters of a GPI-2 "
-                "machinefile line")
-    return None
-
-
 def gpi2_sockets(
     config: LaunchConfig,
     hosts: Sequence[Host],
@@ -275,14 +240,11 @@ def gpi2_sockets(
 ) -> int:
     """How many GPI-2 sockets (ranks on one host) the TNT_GPI2_PORT_BASE that the launcher picks
     must leave room for; 0 when it picks none: another transport, the user's own
-    TNT_GPI2_PORT_BASE, or GPI-2's set-up left to tnt-comm (see `_gpi2_skipped`)."""
-    if config.transport != "gpi2" or GPI2_PORT_BASE in _user_set(config, environ):
+    TNT_GPI2_PORT_BASE, or GPI-2's set-up left to tnt-comm (see `gpi2.skipped`)."""
+    if config.transport != "gpi2" or gpi2.PORT_BASE_VARIABLE in _user_set(config, environ):
         return 0
     counts = [_ranks_per_host(config, h, facts[h.name]) for h in hosts]
-    machines = _gpi2_machines(hosts, counts, _master_addr(hosts))
-    if _gpi2_skipped(hosts, machines) is not None:
-        return 0
-    return max(Counter(machines).values())
+    return gpi2.sockets_needed(hosts, counts, _master_addr(hosts))
 
 
 def _ranks_per_host(config: LaunchConfig, host: Host, facts: HostFacts) -> int:
@@ -416,39 +378,12 @@ def build_plan(
     tf_log_level = TF_LOG_DEBUG if log_level == "DEBUG" else TF_LOG_QUIET
 
     # --transport gpi2: GPI-2's own variables, from a machinefile the launcher writes on this host.
-    machines: list[str] = []
-    machinefile = ""
-    sockets: list[int] = []
-    port_base = None
-    gpi2_note = None
+    setup = None
     if config.transport == "gpi2":
-        machines = _gpi2_machines(hosts, counts, master_addr)
-        skipped = _gpi2_skipped(hosts, machines)
-        if skipped is not None:
-            machines = []
-            gpi2_note = (
-                f"GPI-2: {skipped}: tnt-comm derives GASPI_* from its rendezvous (and picks "
-                f"{GPI2_PORT_BASE}, unless set) when the job starts."
-            )
-        else:
-            if identity.gpi2_machinefile is None:
-                raise ValueError("--transport gpi2 needs the path of the job's machinefile")
-            machinefile = identity.gpi2_machinefile
-            seen: Counter[str] = Counter()
-            for name in machines:
-                sockets.append(seen[name])
-                seen[name] += 1
-            if GPI2_PORT_BASE in user_set:
-                ports = f"ports from {GPI2_PORT_BASE} as you set it"
-            elif identity.gpi2_port_base is not None:
-                port_base = identity.gpi2_port_base
-                ports = f"ports from {GPI2_PORT_BASE}={port_base}, free here when planned"
-            else:
-                ports = "ports picked by tnt-comm"
-            gpi2_note = (
-                f"GPI-2: machinefile {machinefile} ({len(machines)} line(s), read by "
-                f"rank 0), written when the job starts and removed when it ends; {ports}."
-            )
+        setup = gpi2.plan(
+            hosts, counts, master_addr, identity.gpi2_machinefile, identity.gpi2_port_base,
+            users_port_base=gpi2.PORT_BASE_VARIABLE in user_set,
+        )
 
     ranks = []
     rank = 0
@@ -494,15 +429,8 @@ def build_plan(
                     contract.TRANSPORT: config.transport,
                 }
             )
-            if machines:
-                # The socket is the rank's index among the ranks of its machinefile name, as
-                # GPI-2 counts it: the local rank, unless two host entries are one machine.
-                env["GASPI_RANK"] = str(rank)
-                env["GASPI_SOCKET"] = str(sockets[rank])
-                env["GASPI_NRANKS"] = str(size)
-                env["GASPI_MFILE"] = machinefile if rank == 0 else GPI2_NO_MACHINEFILE
-                if port_base is not None:
-                    env[GPI2_PORT_BASE] = str(port_base)
+            if setup is not None:
+                env.update(setup.rank_env(rank, size))
             if config.fusion_threshold_kb is not None:
                 env[contract.FUSION_THRESHOLD_KB] = str(config.fusion_threshold_kb)
             if config.timeout_s is not None:
@@ -561,10 +489,10 @@ def build_plan(
         notes=tuple(notes),
         timeout=ranks[0].env.get("TNT_TIMEOUT_S", environ.get("TNT_TIMEOUT_S")) if ranks else None,
         start_timeout=ranks[0].env.get("TNT_START_TIMEOUT_S", environ.get("TNT_START_TIMEOUT_S")) if ranks else None,
-        gpi2_machinefile=machinefile or None,
-        gpi2_machines=tuple(machines),
-        gpi2_port_base=port_base,
-        gpi2=gpi2_note,
+        gpi2_machinefile=setup.machinefile if setup is not None else None,
+        gpi2_machines=setup.machines if setup is not None else (),
+        gpi2_port_base=setup.port_base if setup is not None else None,
+        gpi2=setup.note if setup is not None else None,
         hide_tf_startup=log_level != "DEBUG" and TF_LOG_VARIABLE not in user_set,
         launcher=launcher,
         cpus_per_task=cpus_per_task if launcher == "srun" else None,

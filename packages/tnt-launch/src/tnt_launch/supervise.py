@@ -8,9 +8,10 @@ SIGCONT, then SIGKILL after the grace period), and tnt-launch exits with the fai
 after printing a summary. It names first the ranks that made no progress, the stopped ones and
 those that the failed ranks' tnt-comm timeout messages name ("made no progress: rank 1, rank 3"),
 then the failed rank. SIGINT (Ctrl+C), SIGTERM and SIGHUP to tnt-launch stop the job the same
-way; a second one kills the ranks at once. An agent on another host that does not answer that
-question in time sits behind a cut link or on a dead host: its connection is dropped at once
-instead of waiting out the grace period, and the summary names the host.
+way; a second one kills the ranks at once. SIGUSR1 is passed on to every rank (a preemption
+warning). An agent on another host that does not answer that question in time sits behind a cut
+link or on a dead host: its connection is dropped at once instead of waiting out the grace period,
+and the summary names the host.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ SSH_STARTS_PER_HOST = 8
 default MaxStartups (10), beyond which sshd drops new connections at random."""
 _MAX_LINE = 65536
 _MARKER = MARKER.encode()
-_HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
 STATE_WAIT_S = 3.0
 """How long a failing job waits for its agents to say whether their ranks are stopped (an ssh
 round trip) before it stops them anyway."""
@@ -177,9 +178,12 @@ class _Step:
         self.done: set[int] = set()
 
     def send(self, command: bytes) -> None:
-        if command in self.sent or self.proc.stdin is None or self.proc.stdin.closed:
+        if self.proc.stdin is None or self.proc.stdin.closed:
             return
-        self.sent.add(command)
+        if command != b"U":  # a forwarded signal goes out each time; a request once
+            if command in self.sent:
+                return
+            self.sent.add(command)
         try:
             self.proc.stdin.write(command)
             self.proc.stdin.flush()
@@ -737,6 +741,13 @@ class Supervisor:
                 pass
         while self._pending_signals:
             signum = self._pending_signals.pop(0)
+            if signum == signal.SIGUSR1:
+                # A warning before the end (sbatch --signal=B:USR1@T reaches the batch shell): passed on
+                # to every rank, which checkpoints; the job goes on.
+                for run in self.runs:
+                    if run.running:
+                        run.send(b"U")
+                continue
             if self.received_signal is None:
                 self.received_signal = signum
                 running = sum(1 for r in self.runs if r.running)
