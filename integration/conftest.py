@@ -27,8 +27,10 @@ def cluster() -> Iterator[Cluster]:
 # test_cluster.py's busy jobs on one worker from the start, this machine's own jobs on the other,
 # then there the failure tests, which mostly wait (on cut links, stall timeouts, ssh), beside the
 # cluster's Keras jobs. 113 s on 2 cores (2026-11-24), against 136 s with the failure tests in
-# test_cluster.py, the last 50 s of them alone. The Slurm tests (seconds) come last.
-ORDER = ["test_cluster.py", "test_comm_under_launch.py", "test_cluster_failures.py", "test_slurm.py"]
+# test_cluster.py, the last 50 s of them alone. The Slurm tests (about 80 s, half of it the
+# preemption test's three Keras jobs) come third, so that the failure tests, which mostly wait, end
+# the session on the other worker.
+ORDER = ["test_cluster.py", "test_comm_under_launch.py", "test_slurm.py", "test_cluster_failures.py"]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
