@@ -176,3 +176,31 @@ assert x.min() == 3 and x.max() == 3
 print("ok")
 """
     run(2, code, tmp_path, timeout=170)
+
+
+@pytest.mark.timeout(60)
+def test_the_timeline_records_operations_and_waits_only_while_on(tmp_path: Path) -> None:
+    code = """
+import numpy as np, tnt_comm as tc
+x = np.ones(1000, np.float32)
+tc.allreduce(x)
+assert tc.timeline_events() == []  # off by default: nothing recorded
+tc.timeline_start()
+tc.allreduce(x)
+w = tc.iallreduce(np.ones(250_000, np.float64))
+w.wait()
+tc.barrier()
+events = tc.timeline_stop()
+tc.allreduce(x)
+assert tc.timeline_events() == []
+names = [(e["name"], e["bytes"], e["blocking"]) for e in events]
+assert ("allreduce", 4000, True) in names, names
+assert ("allreduce", 2_000_000, False) in names, names
+assert ("barrier", 0, True) in names, names
+for e in events:
+    assert e["submitted_ns"] <= e["started_ns"] <= e["ended_ns"], e
+    assert not e["failed"]
+print(len([e for e in events if e["name"] != "wait"]), "ok")
+"""
+    for res in run(2, code, tmp_path):
+        assert res.stdout.split() == ["3", "ok"], res.stderr[-2000:]

@@ -6,5 +6,6 @@
 #include "tnt_comm/group.hpp"
 #include "tnt_comm/identity.hpp"
 #include "tnt_comm/runtime.hpp"
+#include "tnt_comm/timeline.hpp"
 #include "tnt_comm/types.hpp"
 #include "tnt_comm/work.hpp"

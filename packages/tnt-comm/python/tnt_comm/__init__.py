@@ -65,6 +65,10 @@ __all__ = [
     "send",
     "shared_empty",
     "size",
+    "timeline_events",
+    "timeline_now_ns",
+    "timeline_start",
+    "timeline_stop",
     "transports",
     "world",
 ]
@@ -141,6 +145,32 @@ def transports() -> list[str]:
     """How this rank reaches each world rank: 'self', 'shm' or 'tcp'."""
     init()
     return list(_core.transports())
+
+
+_TIMELINE_FIELDS = ("name", "group", "call", "bytes", "submitted_ns", "started_ns", "ended_ns", "blocking", "failed")
+
+
+def timeline_start() -> None:
+    """Record every operation from now on: when it was submitted, taken in by the engine (behind
+    the operations before it) and completed, with its bytes; and every wait of a caller blocked on a
+    non-blocking operation (name "wait"). Times are of the steady clock, as ``time.monotonic_ns()``."""
+    _core.timeline_set(True)
+
+
+def timeline_events() -> list[dict[str, Any]]:
+    """The events recorded since the last call (oldest first), as dicts of ``_TIMELINE_FIELDS``."""
+    return [dict(zip(_TIMELINE_FIELDS, event, strict=True)) for event in _core.timeline_take()]
+
+
+def timeline_stop() -> list[dict[str, Any]]:
+    """Stop recording; the events not taken yet."""
+    _core.timeline_set(False)
+    return timeline_events()
+
+
+def timeline_now_ns() -> int:
+    """The clock of the timeline's events, in nanoseconds."""
+    return int(_core.timeline_now_ns())
 
 
 def build_info() -> dict[str, Any]:

@@ -1,5 +1,7 @@
 #include "collectives/operation.hpp"
 
+#include "tnt_comm/timeline.hpp"
+
 #include "tnt_comm/types.hpp"
 
 namespace tnt {
@@ -69,6 +71,19 @@ void Operation::finish(std::exception_ptr error) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (done_.load()) return;
     error_ = error;
+    if (submitted_ns_ != 0) {
+      timeline::Event event;
+      event.name = desc_.kind_name();
+      event.group = desc_.group;
+      event.call = desc_.seq;
+      event.bytes = desc_.kind == Kind::barrier ? 0 : desc_.count * dtype_size(static_cast<DType>(desc_.dtype));
+      event.submitted_ns = submitted_ns_;
+      event.started_ns = started_ns_ != 0 ? started_ns_ : submitted_ns_;
+      event.ended_ns = timeline::now_ns();
+      event.blocking = blocking_;
+      event.failed = error != nullptr;
+      timeline::add(std::move(event));
+    }
     done_.store(true, std::memory_order_release);
   }
   cv_.notify_all();

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -131,6 +132,12 @@ class Operation {
   }
 
   void finish(std::exception_ptr error);
+  // The timeline (engine/timeline.hpp): when the operation was submitted and taken in; an operation
+  // submitted while the timeline was on is recorded when it finishes.
+  void mark_submitted(std::int64_t ns) { submitted_ns_ = ns; }
+  void mark_started(std::int64_t ns) {
+    if (submitted_ns_ != 0) started_ns_ = ns;
+  }
   bool completed() const { return done_.load(std::memory_order_acquire); }
   // Waits on the completion (another thread drives); false if `seconds` passed first.
   bool wait_completion(double seconds);
@@ -175,6 +182,7 @@ class Operation {
 
  private:
   bool blocking_ = false;
+  std::int64_t submitted_ns_ = 0, started_ns_ = 0;
   std::atomic<bool> done_{false};
   mutable std::mutex mutex_;
   std::condition_variable cv_;

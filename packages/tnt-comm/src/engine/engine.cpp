@@ -1,5 +1,7 @@
 #include "engine/engine.hpp"
 
+#include "tnt_comm/timeline.hpp"
+
 #include <sched.h>
 
 #include <algorithm>
@@ -73,6 +75,7 @@ void Engine::submit(const std::shared_ptr<Operation>& op, bool background) {
     }
     op->reserve();
     op->set_blocking(!background);
+    if (timeline::on()) op->mark_submitted(timeline::now_ns());
     if (op->descriptor().kind != Kind::p2p) {
       std::uint64_t& made = calls_made_[op->descriptor().group];
       made = std::max(made, op->descriptor().seq + 1);
@@ -89,8 +92,10 @@ void Engine::submit(const std::shared_ptr<Operation>& op, bool background) {
 void Engine::absorb_incoming() {
   if (incoming_count_.load(std::memory_order_acquire) == 0) return;
   std::lock_guard<std::mutex> lock(submit_mutex_);
+  const std::int64_t now = timeline::on() ? timeline::now_ns() : 0;
   for (auto& op : incoming_) {
     op->claim_receives();
+    if (now != 0) op->mark_started(now);
     active_.push_back(std::move(op));
   }
   incoming_.clear();
@@ -283,6 +288,22 @@ void Engine::fail_stalled(const Operation& stuck) {
 
 bool Engine::wait(Operation& op, std::optional<double> timeout_s) {
   Deadline deadline = timeout_s ? deadline_after(*timeout_s) : Deadline::max();
+  // A caller blocked on a non-blocking operation: the wait that keeps compute from going on.
+  const std::int64_t waited_from = timeline::on() && !op.blocking() && !op.completed() ? timeline::now_ns() : 0;
+  struct WaitRecord {
+    const Operation& op;
+    std::int64_t from;
+    ~WaitRecord() {
+      if (from == 0) return;
+      timeline::Event event;
+      event.name = "wait";
+      event.group = op.descriptor().group;
+      event.call = op.descriptor().seq;
+      event.submitted_ns = event.started_ns = from;
+      event.ended_ns = timeline::now_ns();
+      timeline::add(std::move(event));
+    }
+  } record{op, waited_from};
   while (!op.completed()) {
     if (drive_mutex_.try_lock()) {
       std::lock_guard<std::mutex> lock(drive_mutex_, std::adopt_lock);

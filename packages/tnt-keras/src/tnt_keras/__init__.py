@@ -19,7 +19,7 @@ from .runtime import setup_logging
 
 setup_logging()  # first, so that building the TF op logs in tnt's format and only on the master rank
 
-from . import backends, callbacks, models, preemption  # noqa: E402
+from . import backends, callbacks, models, preemption, timeline  # noqa: E402
 from .model import Model  # noqa: E402
 from .preemption import preempted  # noqa: E402
 from .runtime import get_local_rank, get_master_rank, get_rank, get_size, is_master_rank  # noqa: E402
@@ -34,6 +34,7 @@ __all__ = [
     "is_master_rank",
     "models",
     "preempted",
+    "timeline",
 ]
 
 __version__ = "0.1.0"
@@ -41,6 +42,7 @@ __version__ = "0.1.0"
 tnt_comm.init()
 # SIGUSR1 (a preemption warning) becomes a checkpoint from now on, never the end of the rank.
 preemption.install()
+timeline.start_from_environment()  # TNT_TIMELINE=FILE (tnt-launch --timeline FILE)
 if backends.current().__name__.endswith(".tensorflow"):
     from .backends.tensorflow.inputs import install_shuffle_seed
 

@@ -23,7 +23,7 @@ import keras
 import numpy as np
 import tnt_comm
 
-from . import backends, configs, files, metrics, outcome, predictions, preemption, runtime
+from . import backends, configs, files, metrics, outcome, predictions, preemption, runtime, timeline
 from . import callbacks as tnt_callbacks
 from . import variables as shared_variables
 from .forwarding import FORWARDED_ATTRIBUTES, INTERCEPTED, NO_CLASS, Forwarded, awaiting, wrapped
@@ -42,8 +42,8 @@ def _accepts_keyword(function: Callable[..., Any], name: str) -> bool:
 
 def _with_preemption_watch(callbacks: list[keras.callbacks.Callback]) -> list[keras.callbacks.Callback]:
     """``fit``'s callbacks and, last, the watch that turns a preemption signal into a stop after the
-    epoch on every rank (preemption.py)."""
-    return [*callbacks, preemption.watch(callbacks)]
+    epoch on every rank (preemption.py), and the timeline's step recorder where it is on."""
+    return [*callbacks, preemption.watch(callbacks), *timeline.callbacks()]
 
 
 def _warn_if_diverged(model: keras.Model) -> None:
@@ -325,7 +325,8 @@ class Model(keras.Model):
         if unbuilt:
             self._backend.build(inner, ds)
         metrics.install_global_metrics(inner, self._tnt_size)
-        shared_variables.broadcast_variables(shared_variables.model_and_optimizer_variables(inner))
+        with timeline.span("broadcast of rank 0's variables"):
+            shared_variables.broadcast_variables(shared_variables.model_and_optimizer_variables(inner))
         self._warn_small_batch_norm(ds)
 
     def _warn_small_batch_norm(self, ds: Any) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import tnt_comm
 
-from . import runtime
+from . import runtime, timeline
 
 # While a callback runs on some ranks only (ModelCheckpoint runs on the master rank), the saving methods
 # it calls must not start collectives that the other ranks never join: they just write where this rank
@@ -153,13 +153,14 @@ def write_and_agree(doing: str, writes: bool, write: Callable[[], Any]) -> Any:
     Collective, unless inside ``writes_alone``, where a rank that writes raises its own error and
     the others return at once. Returns what ``write`` returned, or None where this rank did not write.
     """
-    if is_alone():
-        return write() if writes else None
-    result, error = None, None
-    if writes:
-        try:
-            result = write()
-        except Exception as e:  # shared with every rank, then raised here unchanged
-            error = e
-    agree_on_outcome(error, doing)
-    return result
+    with timeline.span("save", doing=doing):
+        if is_alone():
+            return write() if writes else None
+        result, error = None, None
+        if writes:
+            try:
+                result = write()
+            except Exception as e:  # shared with every rank, then raised here unchanged
+                error = e
+        agree_on_outcome(error, doing)
+        return result

@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 
 from rich.console import Console
 
-from tnt_launch import __version__, _agent, check_build, gpi2, jobs
+from tnt_launch import __version__, _agent, check_build, gpi2, jobs, timeline_summary
 from tnt_launch.command import EXECUTABLE, PYTHON, SCRIPT, classify, python_target
 from tnt_launch.config import (
     FOREVER_S,
@@ -55,6 +55,7 @@ examples:
   tnt-launch --hostfile hosts --npernode 2 --pin-to-socket -x DATASET=/scratch/data -- train.py
   tnt-launch --hostfile hosts --dry-run -- train.py
   tnt-launch --hostfile hosts --cleanup -- train.py
+  tnt-launch -n 2 --timeline trace.json -- train.py && tnt-launch --timeline-summary trace.json
   salloc -N 2 --ntasks-per-node 4 tnt-launch -- train.py     # 8 ranks, started by srun
 
 environment:
@@ -163,6 +164,10 @@ def build_parser() -> argparse.ArgumentParser:
     logging.add_argument("--output-on-all-devices", action="store_true",
                          help="show the output of every rank, each line prefixed '[rank N]', "
                               "and let every rank print training progress")
+    logging.add_argument("--timeline", metavar="FILE",
+                         help="write a trace of the job to FILE: every rank's training steps and "
+                              "collectives, in Chrome's trace-event JSON, which Perfetto opens "
+                              "(rank 0 writes it, at the end of every fit)")
     logging.add_argument("--output-dir", metavar="DIR",
                          help="also write each rank's output to DIR/rank-N.out and DIR/rank-N.err")
 
@@ -194,6 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
                               "or a program, runs as given)")
 
     control = parser.add_argument_group("job control")
+    control.add_argument("--timeline-summary", metavar="FILE",
+                         help="say what a --timeline trace shows per epoch and rank (compute, "
+                              "communication, communication not hidden) and draw one step, then exit")
     control.add_argument("--check-build", action="store_true",
                          help="say what the tnt packages of this Python have (transports, GPI-2, "
                               "the TensorFlow op) and exit")
@@ -311,6 +319,7 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
         log_on_all_devices=args.log_on_all_devices,
         output_on_all_devices=args.output_on_all_devices,
         output_dir=args.output_dir,
+        timeline=None if args.timeline is None else os.path.join(cwd, args.timeline),
         fusion_threshold_kb=args.fusion_threshold_kb,
         timeout_s=args.timeout_s,
         start_timeout_s=args.start_timeout_s,
@@ -535,6 +544,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = argv[: argv.index("--")] if "--" in argv else argv
     if "--check-build" in options:
         return check_build.report(sys.stdout)
+    if options[:1] == ["--timeline-summary"]:
+        return timeline_summary.main(options[1:])
     try:
         config = parse_args(argv)
         return cleanup(config) if config.cleanup else launch(config)

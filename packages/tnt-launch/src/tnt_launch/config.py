@@ -46,6 +46,8 @@ class LaunchConfig:
     log_on_all_devices: bool = False
     output_on_all_devices: bool = False
     output_dir: str | None = None
+    timeline: str | None = None
+    """--timeline: where rank 0 writes the job's trace (an absolute path), as TNT_TIMELINE."""
     fusion_threshold_kb: int | None = None
     timeout_s: float | None = None
     """Seconds a collective may make no progress; math.inf: never time out; None: the library's."""

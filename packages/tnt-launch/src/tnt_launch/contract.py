@@ -62,6 +62,7 @@ LOG_ON_ALL_DEVICES = "TNT_LOG_ON_ALL_DEVICES"  # "true": every rank logs, not on
 OUTPUT_ON_ALL_DEVICES = "TNT_OUTPUT_ON_ALL_DEVICES"  # "true": every rank's output is shown
 STDOUT_TTY = "TNT_STDOUT_TTY"  # "true": this rank's stdout reaches a terminal as it is written
 TENSORBOARD_ON_ALL_DEVICES = "TNT_TENSORBOARD_ON_ALL_DEVICES"
+TIMELINE = "TNT_TIMELINE"  # where rank 0 writes the job's trace (tnt-keras' timeline.py)
 REPORT_FD = "TNT_REPORT_FD"  # a pipe where tnt-comm writes the exception the rank ends with, as JSON
 
 # -- Threads: no variable of tnt's. tnt-launch sets each rank's share of the CPUs in the variables

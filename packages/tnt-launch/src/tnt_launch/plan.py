@@ -445,6 +445,8 @@ def build_plan(
                 stdout_tty and rank == 0 and not config.output_on_all_devices
             )
             env[contract.TENSORBOARD_ON_ALL_DEVICES] = environ.get(contract.TENSORBOARD_ON_ALL_DEVICES, "false")
+            if config.timeline is not None:
+                env[contract.TIMELINE] = config.timeline
             # An empty list hides every GPU, so CPU ranks stay on CPUs.
             env["CUDA_VISIBLE_DEVICES"] = gpu if gpu is not None else ""
             for name in THREAD_VARIABLES:

@@ -1,0 +1,56 @@
+"""`tnt-launch --timeline FILE` on 2 real ranks, on both backends: one trace of the job, in Chrome's
+trace-event JSON, with every rank's steps, epochs, broadcast, save and collectives (the gradient
+buckets with their bytes), on one clock; and the summary `tnt-launch --timeline-summary` reads
+from it."""
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import skip_unless_installed
+from launch import run
+from tnt_launch import timeline_summary
+
+
+def spans(events: list[dict], rank: int, name: str) -> list[dict]:
+    return [e for e in events if e.get("pid") == rank and e.get("name") == name and e["ph"] in ("X", "b")]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("backend", ["tensorflow", "torch"])
+def test_a_trace_of_both_ranks_steps_and_collectives(backend: str, tmp_path: Path) -> None:
+    if backend == "torch":
+        skip_unless_installed("torch")
+    trace, second = tmp_path / "trace.json", tmp_path / "second.json"
+    run("timeline_job", 2, str(second), launcher_args=("--timeline", str(trace)), backend=backend, timeout=280)
+    events = json.loads(trace.read_text())["traceEvents"]
+    for rank in (0, 1):
+        assert len(spans(events, rank, "step")) == 2 * 3  # 96 rows in global batches of 32, 2 epochs
+        assert [e["args"]["epoch"] for e in spans(events, rank, "epoch")] == [0, 1]
+        assert len(spans(events, rank, "broadcast of rank 0's variables")) == 1
+        saves = [e["args"]["doing"] for e in spans(events, rank, "save")]
+        assert len(saves) == 1 and saves[0].startswith("save weights to") and saves[0].endswith("m.weights.h5'")
+        reduced = [e["args"]["bytes"] for e in spans(events, rank, "allreduce")]
+        assert max(reduced) >= (6 * 16 + 16 + 16 * 3 + 3) * 4  # the gradients, in one bucket or more
+        # Every collective's phases lie within it, in order: queued, then running.
+        by_id: dict[str, list[tuple[str, str, float]]] = {}
+        for e in events:
+            if e.get("pid") == rank and e.get("cat") == "tnt-comm":
+                by_id.setdefault(e["id"], []).append((e["name"], e["ph"], e["ts"]))
+        for marks in by_id.values():
+            times = [ts for _, _, ts in marks]
+            assert [(n, ph) for n, ph, _ in marks][1:5] == [("queued", "b"), ("queued", "e"), ("running", "b"),
+                                                              ("running", "e")], marks
+            assert times == sorted(times), marks
+    steps = {rank: sorted(e["ts"] for e in spans(events, rank, "step")) for rank in (0, 1)}
+    # One clock: the ranks' steps meet in every allreduce, so they start within a step of each other.
+    longest = max(e["dur"] for e in events if e.get("name") == "step")
+    assert all(abs(a - b) <= longest for a, b in zip(steps[0], steps[1], strict=True)), steps
+    rows = timeline_summary.summarize(timeline_summary.load(str(trace)))
+    assert [(r.rank, r.epoch, r.steps) for r in rows] == [(0, 0, 3), (0, 1, 3), (1, 0, 3), (1, 1, 3)]
+    for r in rows:
+        assert 0 < r.compute_s <= r.step_s and 0 <= r.not_hidden_s <= r.step_s and r.communication_s > 0
+    # The Python API wrote its own trace: one epoch, and nothing of the first.
+    again = json.loads(second.read_text())["traceEvents"]
+    assert [e["args"]["epoch"] for e in spans(again, 0, "epoch")] == [0]
+    assert not spans(again, 0, "save")
