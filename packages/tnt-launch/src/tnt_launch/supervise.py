@@ -43,6 +43,7 @@ from tnt_launch.spawn import (
     step_request,
     write_slurm_hostfile,
 )
+from tnt_launch.srun_step import Step, StepStream
 
 TAIL_LINES = 20
 SSH_STARTS_PER_HOST = 8
@@ -151,7 +152,7 @@ class _AgentLines:
 
 class _Stream:
     """One of a rank's two output streams: its agent's own pipe (`fd`), or, under srun (`fd` None),
-    its lines of the step's stream, which `_StepStream` hands over."""
+    its lines of the step's stream, which `StepStream` hands over."""
 
     def __init__(self, run: _RankRun, name: str, fd: int | None) -> None:
         self.run = run
@@ -163,79 +164,10 @@ class _Stream:
         self.startup_filter: quiet.StartupFilter | None = None  # set where the plan hides TF's start-up lines
 
 
-class _Step:
-    """The srun step that runs every rank's agent as one of its tasks (launcher "srun").
-
-    srun hands every task the same stdin, so a control byte ('S', 'T', 'K') reaches all agents: each
-    is sent once, as the job-wide requests they are. stdin closes once every rank has finished (its
-    agent stops its rank when it closes), or when tnt-launch ends."""
-
-    def __init__(self, proc: subprocess.Popen[bytes], hostfile: str, size: int) -> None:
-        self.proc = proc
-        self.hostfile = hostfile
-        self.size = size
-        self.sent: set[bytes] = set()
-        self.done: set[int] = set()
-
-    def send(self, command: bytes) -> None:
-        if self.proc.stdin is None or self.proc.stdin.closed:
-            return
-        if command != b"U":  # a forwarded signal goes out each time; a request once
-            if command in self.sent:
-                return
-            self.sent.add(command)
-        try:
-            self.proc.stdin.write(command)
-            self.proc.stdin.flush()
-        except (BrokenPipeError, ValueError, OSError):
-            pass
-
-    def finished(self, rank: int) -> None:
-        self.done.add(rank)
-        if len(self.done) == self.size:
-            self.close()
-
-    def close(self) -> None:
-        if self.proc.stdin is not None:
-            with contextlib.suppress(OSError):
-                self.proc.stdin.close()
-
-
-class _StepStream:
-    """srun's stdout or stderr: lines labelled with the task (= rank), handed to that rank's stream."""
-
-    def __init__(self, name: str, fd: int, streams: dict[int, _Stream]) -> None:
-        self.name = name
-        self.fd = fd
-        self.streams = streams
-        self.partial = b""
-        self.open = True
-
-    def lines(self, data: bytes) -> list[tuple[_Stream | None, bytes]]:
-        """The complete lines in `data` (with what came before), each with the rank stream it is for
-        (None for srun's own)."""
-        lines = (self.partial + data).split(b"\n")
-        self.partial = lines.pop()
-        if len(self.partial) > _MAX_LINE:
-            lines.append(self.partial)
-            self.partial = b""
-        return [self._route(line + b"\n") for line in lines]
-
-    def rest(self) -> list[tuple[_Stream | None, bytes]]:
-        partial, self.partial = self.partial, b""
-        return [self._route(partial + b"\n")] if partial else []
-
-    def _route(self, line: bytes) -> tuple[_Stream | None, bytes]:
-        labelled = slurm.split_label(line)
-        if labelled is None or labelled[0] not in self.streams:
-            return None, line
-        return self.streams[labelled[0]], labelled[1]
-
-
 class _RankRun:
     """One rank's agent process and what has been seen of it."""
 
-    def __init__(self, spec: RankSpec, proc: subprocess.Popen[bytes] | None, step: _Step | None = None) -> None:
+    def __init__(self, spec: RankSpec, proc: subprocess.Popen[bytes] | None, step: Step | None = None) -> None:
         self.spec = spec
         self.proc = proc
         self.step = step
@@ -315,8 +247,8 @@ class Supervisor:
         self.plan = plan
         self.config = config
         self.ssh = ssh
-        self.step: _Step | None = None
-        self.step_streams: list[_StepStream] = []
+        self.step: Step | None = None
+        self.step_streams: list[StepStream] = []
         self.output = _Output(out or sys.stdout.buffer, err or sys.stderr.buffer)
         self.grace = grace
         self.runs: list[_RankRun] = []
@@ -388,7 +320,7 @@ class Supervisor:
                 self.runs.append(run)
                 self._finish(run, RankStatus(127, error=f"cannot start srun: {e.strerror}"))
             return
-        self.step = _Step(proc, hostfile, len(specs))
+        self.step = Step(proc, hostfile, len(specs))
         by_rank: dict[str, dict[int, _Stream]] = {"out": {}, "err": {}}
         for spec in specs:
             run = _RankRun(spec, proc, self.step)
@@ -402,7 +334,7 @@ class Supervisor:
                 by_rank[name][spec.rank] = stream
         assert proc.stdout is not None and proc.stderr is not None
         for name, pipe in (("out", proc.stdout), ("err", proc.stderr)):
-            step_stream = _StepStream(name, pipe.fileno(), by_rank[name])
+            step_stream = StepStream(name, pipe.fileno(), by_rank[name])
             self.step_streams.append(step_stream)
             os.set_blocking(step_stream.fd, False)
             self.selector.register(step_stream.fd, selectors.EVENT_READ, step_stream)
@@ -501,7 +433,7 @@ class Supervisor:
         elif message.get("event") == "state":
             run.state = message
 
-    def _read_step(self, step_stream: _StepStream) -> None:
+    def _read_step(self, step_stream: StepStream) -> None:
         try:
             data = os.read(step_stream.fd, 65536)
         except BlockingIOError:
@@ -772,7 +704,7 @@ class Supervisor:
                 for key, _ in self.selector.select(timeout=0.1):
                     if key.data is None:
                         self._handle_signals()
-                    elif isinstance(key.data, _StepStream):
+                    elif isinstance(key.data, StepStream):
                         self._read_step(key.data)
                     else:
                         self._read(key.data)
@@ -799,7 +731,7 @@ class Supervisor:
             self.selector.close()
         return self._summary()
 
-    def _end_step(self, step: _Step) -> None:
+    def _end_step(self, step: Step) -> None:
         """srun ends once its tasks have; one that outlives the job is killed (its agents then see
         their stdin close and stop their ranks)."""
         step.close()
