@@ -187,7 +187,13 @@ MinJobAge=10
 
 def up(cpus: int = 4, timeout: float = 30.0) -> Slurm:
     """One node, this host: start munged, slurmctld and slurmd; return once the node takes jobs."""
-    return _start([(socket.gethostname().split(".")[0], "127.0.0.1")], [], cpus, timeout)
+    node = socket.gethostname().split(".")[0]
+    try:
+        # Jobs meet at their step's first node by its name (plain srun): it must resolve here.
+        socket.getaddrinfo(node, None)
+    except OSError as e:
+        raise SlurmUnavailable(f"this host's name {node!r} does not resolve ({e}); add it to /etc/hosts") from None
+    return _start([(node, "127.0.0.1")], [], cpus, timeout)
 
 
 def up_on(netns: Any, cpus: int = 2, timeout: float = 30.0) -> Slurm:
