@@ -54,6 +54,21 @@ def _script(tmp_path: Path, name: str, code: str) -> Path:
     return path
 
 
+def crash_script(killed: int) -> str:
+    """A job whose rank `killed` kills itself after one allreduce, while the others sum on."""
+    return textwrap.dedent(
+        f"""\
+        import os, signal, numpy as np, tnt_comm as tc
+        x = np.ones(1000, np.float32)
+        tc.allreduce(x)
+        if tc.rank() == {killed}:
+            os.kill(os.getpid(), signal.SIGKILL)
+        while True:
+            tc.allreduce(x)
+        """
+    )
+
+
 def _tnt_segments() -> set[str]:
     return {f for f in os.listdir("/dev/shm") if f.startswith("tnt-slurm-")}
 
@@ -145,17 +160,7 @@ def test_a_rank_killed_under_tnt_launch_over_srun_ends_the_job_named(slurm: Slur
     script = _script(
         tmp_path,
         "crash.py",
-        textwrap.dedent(
-            """\
-            import os, signal, numpy as np, tnt_comm as tc
-            x = np.ones(1000, np.float32)
-            tc.allreduce(x)
-            if tc.rank() == 1:
-                os.kill(os.getpid(), signal.SIGKILL)
-            while True:
-                tc.allreduce(x)
-            """
-        ),
+        crash_script(1),
     )
     registry = tmp_path / "registry"
     before = _tnt_segments()
@@ -246,17 +251,7 @@ def test_a_rank_killed_on_the_second_node_ends_the_job(two_nodes: tuple[Slurm, C
     script = _script(
         tmp_path,
         "crash.py",
-        textwrap.dedent(
-            """\
-            import os, signal, numpy as np, tnt_comm as tc
-            x = np.ones(1000, np.float32)
-            tc.allreduce(x)
-            if tc.rank() == 3:
-                os.kill(os.getpid(), signal.SIGKILL)
-            while True:
-                tc.allreduce(x)
-            """
-        ),
+        crash_script(3),
     )
     registry = tmp_path / "registry"
     done = slurm.run(

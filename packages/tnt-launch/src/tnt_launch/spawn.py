@@ -110,6 +110,17 @@ def agent_argv(host: Host, ssh: SshSettings) -> list[str]:
     return ssh_argv(host.name, ssh, remote_command(sys.executable))
 
 
+def _hand_request(proc: subprocess.Popen[bytes], request: dict[str, Any]) -> subprocess.Popen[bytes]:
+    """Write `request` on a just-started agent's stdin (left open: closing it stops the rank)."""
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(request_line(request))
+        proc.stdin.flush()
+    except BrokenPipeError:
+        pass
+    return proc
+
+
 def start_agent(host: Host, ssh: SshSettings, request: dict[str, Any]) -> subprocess.Popen[bytes]:
     """Start the agent for one rank. Its stdin stays open: closing it stops the rank."""
     proc = subprocess.Popen(
@@ -121,13 +132,7 @@ def start_agent(host: Host, ssh: SshSettings, request: dict[str, Any]) -> subpro
         # ranks in order.
         start_new_session=True,
     )
-    assert proc.stdin is not None
-    try:
-        proc.stdin.write(request_line(request))
-        proc.stdin.flush()
-    except BrokenPipeError:
-        pass
-    return proc
+    return _hand_request(proc, request)
 
 
 def srun_program() -> list[str]:
@@ -170,13 +175,7 @@ def start_step(argv: Sequence[str], hostfile: str, request: dict[str, Any]) -> s
         env={**os.environ, "SLURM_HOSTFILE": hostfile},
         start_new_session=True,
     )
-    assert proc.stdin is not None
-    try:
-        proc.stdin.write(request_line(request))
-        proc.stdin.flush()
-    except BrokenPipeError:
-        pass
-    return proc
+    return _hand_request(proc, request)
 
 
 def query_step(

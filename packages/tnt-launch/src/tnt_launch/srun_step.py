@@ -15,6 +15,17 @@ MAX_LINE = 65536
 """A line longer than this is handed on in pieces."""
 
 
+def split_lines(partial: bytes, data: bytes) -> tuple[list[bytes], bytes]:
+    """The complete lines of `partial + data` (without their newlines) and what is left of a line
+    not ended yet; a line longer than MAX_LINE is handed on as it is."""
+    lines = (partial + data).split(b"\n")
+    rest = lines.pop()
+    if len(rest) > MAX_LINE:
+        lines.append(rest)
+        rest = b""
+    return lines, rest
+
+
 class Step:
     """The srun step that runs every rank's agent as one of its tasks (launcher "srun").
 
@@ -67,11 +78,7 @@ class StepStream:
     def lines(self, data: bytes) -> list[tuple[Any | None, bytes]]:
         """The complete lines in `data` (with what came before), each with the rank stream it is for
         (None for srun's own)."""
-        lines = (self.partial + data).split(b"\n")
-        self.partial = lines.pop()
-        if len(self.partial) > MAX_LINE:
-            lines.append(self.partial)
-            self.partial = b""
+        lines, self.partial = split_lines(self.partial, data)
         return [self._route(line + b"\n") for line in lines]
 
     def rest(self) -> list[tuple[Any | None, bytes]]:

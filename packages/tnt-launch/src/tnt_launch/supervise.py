@@ -43,13 +43,12 @@ from tnt_launch.spawn import (
     step_request,
     write_slurm_hostfile,
 )
-from tnt_launch.srun_step import Step, StepStream
+from tnt_launch.srun_step import MAX_LINE, Step, StepStream, split_lines
 
 TAIL_LINES = 20
 SSH_STARTS_PER_HOST = 8
 """Agents started over ssh to one host that may be connecting at once: fewer than OpenSSH's
 default MaxStartups (10), beyond which sshd drops new connections at random."""
-_MAX_LINE = 65536
 _MARKER = MARKER.encode()
 _HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
 STATE_WAIT_S = 3.0
@@ -91,6 +90,16 @@ def _signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return f"signal {number}"
+
+
+def _read_available(fd: int) -> bytes | None:
+    """What a non-blocking pipe holds now: None if nothing yet, b"" at its end (or an error)."""
+    try:
+        return os.read(fd, 65536)
+    except BlockingIOError:
+        return None
+    except OSError:
+        return b""
 
 
 class _Output:
@@ -139,7 +148,7 @@ class _AgentLines:
             cut = data.rfind(b"\x1e")
             if cut >= 0 and not _MARKER.startswith(data[cut:]):
                 cut = -1
-        if cut >= 0 and len(data) - cut <= _MAX_LINE:
+        if cut >= 0 and len(data) - cut <= MAX_LINE:
             self.held = data[cut:]
             data = data[:cut]
         passed += data
@@ -398,11 +407,7 @@ class Supervisor:
             self.output.write(stream.name, data)
         if not prefixed and stream.name == "out":
             return
-        lines = (stream.partial + data).split(b"\n")
-        stream.partial = lines.pop()
-        if len(stream.partial) > _MAX_LINE:
-            lines.append(stream.partial)
-            stream.partial = b""
+        lines, stream.partial = split_lines(stream.partial, data)
         for line in lines:
             self._on_line(stream, line + b"\n")
 
@@ -434,16 +439,13 @@ class Supervisor:
             run.state = message
 
     def _read_step(self, step_stream: StepStream) -> None:
-        try:
-            data = os.read(step_stream.fd, 65536)
-        except BlockingIOError:
+        data = _read_available(step_stream.fd)
+        if data is None:
             return
-        except OSError:
-            data = b""
         routed = step_stream.lines(data) if data else step_stream.rest()
         for stream, line in routed:
             if stream is None:
-                # srun's own words (its errors about nodes and tasks): shown, and kept for the summary.
+                # srun's own words (its errors about nodes and tasks): shown as they come.
                 self.output.write(step_stream.name, line)
             elif stream.open:
                 self._on_data(stream, line)
@@ -455,12 +457,9 @@ class Supervisor:
 
     def _read(self, stream: _Stream) -> None:
         assert stream.fd is not None
-        try:
-            data = os.read(stream.fd, 65536)
-        except BlockingIOError:
+        data = _read_available(stream.fd)
+        if data is None:
             return
-        except OSError:
-            data = b""
         if data:
             self._on_data(stream, data)
             return
