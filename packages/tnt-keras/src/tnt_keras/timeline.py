@@ -154,7 +154,9 @@ def _events(rank: int, offset: int) -> list[dict[str, Any]]:
                            "ts": us(e["submitted_ns"]), "dur": (e["ended_ns"] - e["submitted_ns"]) / 1000.0,
                            "args": {"group": f"{e['group']:#x}", "call": e["call"]}})
             continue
-        common = {"cat": "tnt-comm", "pid": rank, "tid": _COMM_TID, "id": f"{rank}.{i}"}
+        # id2.local: the id is the rank's own, so viewers keep the span on the rank's process (a plain
+        # "id" is global: Perfetto puts such spans on tracks of no process).
+        common = {"cat": "tnt-comm", "pid": rank, "tid": _COMM_TID, "id2": {"local": str(i)}}
         args = {"bytes": e["bytes"], "group": f"{e['group']:#x}", "call": e["call"],
                 "blocking": e["blocking"], "failed": e["failed"]}
         events += [

@@ -73,7 +73,7 @@ def load(path: str) -> dict[int, RankTrace]:
             elif name == "wait":
                 trace.waits.append(interval)
         elif e.get("cat") == "tnt-comm" and name not in ("queued", "running"):
-            key = (pid, str(e.get("id")))
+            key = (pid, str(e.get("id2", {}).get("local", e.get("id"))))
             if ph == "b":
                 open_ops[key] = (float(e["ts"]), e.get("args", {}), name)
             elif ph == "e" and key in open_ops:
