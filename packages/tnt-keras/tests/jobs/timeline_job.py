@@ -1,14 +1,23 @@
 """A short fit and a save under `tnt-launch --timeline FILE` (TNT_TIMELINE from the start), then the
 same through the Python API: tnt.timeline.start(...) and stop()."""
 
-import _quick_start  # noqa: F401, I001  (first: the collector waits out the imports)
 import os
 import sys
 
-import keras
-import numpy as np
-import tnt_keras as tnt
-from _job import CLASSES, FEATURES, report
+# Rank 1 on a clock of its own, as on another host: with TNT_TEST_CLOCK_SHIFT_S set, it runs again in
+# a time namespace whose monotonic clock is that far ahead (unshare execs it: the PID stays).
+if os.environ.get("TNT_TEST_CLOCK_SHIFT_S") and os.environ["TNT_RANK"] == "1" and "TNT_TEST_SHIFTED" not in os.environ:
+    os.environ["TNT_TEST_SHIFTED"] = "1"
+    shift = os.environ["TNT_TEST_CLOCK_SHIFT_S"]
+    os.execvp("unshare", ["unshare", "--time", f"--monotonic={shift}", sys.executable, *sys.argv])
+
+import _quick_start  # noqa: F401, I001, E402  (first of the rest: the collector waits out the imports)
+import time  # noqa: E402
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tnt_keras as tnt  # noqa: E402
+from _job import CLASSES, FEATURES, report  # noqa: E402
 
 keras.utils.set_random_seed(3)
 rng = np.random.default_rng(0)
@@ -27,4 +36,4 @@ second = sys.argv[1]
 tnt.timeline.start(second)
 model.fit(x, y, batch_size=32, epochs=1, verbose=0)
 tnt.timeline.stop()
-report({"rank": tnt.get_rank()})
+report({"rank": tnt.get_rank(), "monotonic_s": time.monotonic()})
