@@ -5,6 +5,7 @@ test_cluster_failures.py's."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -15,12 +16,20 @@ from netns_cluster import Cluster
 
 
 def run_job(
-    c: Cluster, hosts: int, transport: str, tmp_path: Path, code: str, timeout_s: int, wait_s: float
+    c: Cluster,
+    hosts: int,
+    transport: str,
+    tmp_path: Path,
+    code: str,
+    timeout_s: int,
+    wait_s: float,
+    launcher_args: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess[str]:
     """Runs ``code`` on ``hosts`` hosts x PER_HOST ranks over ``transport``, every rank's output shown."""
     script = tmp_path / "job.py"
     script.write_text(code)
-    args = (*transport_args(transport), "--output-on-all-devices", "--timeout", str(timeout_s), "--", str(script))
+    args = (*transport_args(transport), "--output-on-all-devices", "--timeout", str(timeout_s), *launcher_args)
+    args = (*args, "--", str(script))
     argv = launch_argv(c, hosts, tmp_path, *args)
     return subprocess.run(argv, env=env(c), capture_output=True, text=True, timeout=wait_s, check=False)
 
@@ -70,7 +79,30 @@ def test_collectives_exact_across_hosts(cluster: Cluster, hosts: int, transport:
 def test_keras_training_equals_serial_across_hosts(
     cluster: Cluster, hosts: int, transport: str, tmp_path: Path
 ) -> None:
-    """2 and 3 hosts x 2 ranks train a global batch of 24 as one process does."""
-    done = run_job(cluster, hosts, transport, tmp_path, TRAIN, timeout_s=120, wait_s=380)
+    """2 and 3 hosts x 2 ranks train a global batch of 24 as one process does; the job's timeline
+    shows the host-aware allreduce's phases on every rank."""
+    trace = tmp_path / "trace.json"
+    done = run_job(
+        cluster, hosts, transport, tmp_path, TRAIN, timeout_s=120, wait_s=380, launcher_args=("--timeline", str(trace))
+    )
     assert done.returncode == 0, done.stdout + done.stderr[-4000:]
     assert len(re.findall(r"RESULT rank \d diff", done.stdout)) == hosts * PER_HOST, done.stdout
+    events = json.loads(trace.read_text())["traceEvents"]
+    for rank in range(hosts * PER_HOST):
+        # Each collective's marks under its id: its begin (with args), then its phases, in order.
+        marks: dict[str, list[dict]] = {}
+        for e in events:
+            if e.get("pid") == rank and e.get("cat") == "tnt-comm":
+                marks.setdefault(e["id2"]["local"], []).append(e)
+        host_aware = [m for m in marks.values() if m[0]["args"].get("algorithm") == "host-aware"]
+        assert host_aware, (rank, [m[0]["args"] for m in marks.values()])
+        for m in host_aware:
+            begun = [(e["name"], e["ts"]) for e in m if e["ph"] == "b"]
+            assert [name for name, _ in begun[3:]] == HOST_AWARE_PHASES, m
+            ends = {e["name"]: e["ts"] for e in m if e["ph"] == "e"}
+            times = [ts for _, ts in begun[2:]] + [ends["running"]]  # running, its phases, its end
+            assert times == sorted(times), m
+
+
+# The host-aware allreduce's parts, one after another on every rank (SGD's sum: no division).
+HOST_AWARE_PHASES = ["reduce-scatter within the host", "ring across hosts", "allgather within the host"]

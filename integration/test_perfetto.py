@@ -103,11 +103,15 @@ def test_perfetto_opens_the_trace_with_both_ranks_steps_and_collectives(
         )
         assert len(phases) == sum(n for (_, name), n in expected.items() if name in ("queued", "running"))
         assert all(p["inside"] == 1 and p["collective"] not in ("queued", "running") for p in phases), phases
-        nbytes = ui.query(
-            "select count(*) as n from slice s join args a using (arg_set_id) "
-            "where s.name = 'allreduce' and a.key = 'args.bytes' and a.int_value > 0"
+        # Every allreduce's bytes and algorithm, as its args.
+        allreduces = sum(n for (_, name), n in expected.items() if name == "allreduce")
+        described = ui.query(
+            "select count(distinct s.id) as n from slice s "
+            "join args b using (arg_set_id) join args a using (arg_set_id) "
+            "where s.name = 'allreduce' and b.key = 'args.bytes' and b.int_value > 0 "
+            "and a.key = 'args.algorithm' and a.string_value in ('one-shot', 'direct')"
         )
-        assert nbytes == [{"n": sum(n for (_, name), n in expected.items() if name == "allreduce")}]
+        assert described == [{"n": allreduces}], described
         shots = os.environ.get("TNT_PERFETTO_SCREENSHOT")
         if shots:
             ui.expand_all()

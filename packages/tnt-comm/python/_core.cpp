@@ -158,14 +158,17 @@ PYBIND11_MODULE(_core, m) {
   m.def("finalize", [] { tnt::Runtime::finalize(); }, py::call_guard<py::gil_scoped_release>());
   m.def("is_initialized", [] { return tnt::Runtime::get() != nullptr; });
   // The timeline (tnt_comm/timeline.hpp): switched on and off, and its events taken, as tuples
-  // (name, group, call, bytes, submitted_ns, started_ns, ended_ns, blocking, failed).
+  // (name, group, call, bytes, submitted_ns, started_ns, ended_ns, blocking, failed, algorithm,
+  // phases as (name, begin_ns)).
   m.def("timeline_set", [](bool on) { tnt::timeline::set(on); });
   m.def("timeline_now_ns", [] { return tnt::timeline::now_ns(); });
   m.def("timeline_take", [] {
     py::list out;
     for (const auto& e : tnt::timeline::take()) {
+      py::list phases;
+      for (const auto& phase : e.phases) phases.append(py::make_tuple(phase.name, phase.begin_ns));
       out.append(py::make_tuple(e.name, e.group, e.call, e.bytes, e.submitted_ns, e.started_ns, e.ended_ns,
-                                e.blocking, e.failed));
+                                e.blocking, e.failed, e.algorithm, phases));
     }
     return out;
   });

@@ -179,6 +179,16 @@ Work Group::submit(Runtime& rt, const std::shared_ptr<Operation>& op, bool backg
   return Work(op, runtime_);
 }
 
+namespace {
+
+// The operation, named for the timeline by the algorithm chosen for it.
+std::shared_ptr<Operation> labelled(std::shared_ptr<Operation> op, const char* algorithm) {
+  op->set_label(algorithm);
+  return op;
+}
+
+}  // namespace
+
 std::shared_ptr<Operation> Group::allreduce_op(Runtime& rt, const void* in, void* out, std::size_t count,
                                                DType dtype, ReduceOp op) {
   check("allreduce", dtype, count, in, out);
@@ -186,27 +196,29 @@ std::shared_ptr<Operation> Group::allreduce_op(Runtime& rt, const void* in, void
   Descriptor d = next(static_cast<std::uint32_t>(Kind::allreduce), dtype, op, 0, count);
   const std::size_t bytes = count * dtype_size(dtype);
   if (bytes <= kOneShotBytes && members(rt)->via_leaders) {
-    return make_allreduce_via_leaders(members(rt), d, in, out, count, dtype, op);
+    return labelled(make_allreduce_via_leaders(members(rt), d, in, out, count, dtype, op), "via leaders");
   }
   // On one host, a power of two of members pairs up in log2(n) rounds: on 16 cores, 4 KiB took
   // 21-25 us with the direct algorithm on 16 ranks (Open MPI: 18 us) and 12 us this way, and
   // 64 KiB on 8 ranks 112-163 us with the one-shot, whose every member reduces n buffers
   // (docs/benchmarks.md).
   if (recursive_doubling_fits(*members(rt), dtype, bytes)) {
-    return make_allreduce_recursive_doubling(members(rt), d, in, out, count, dtype, op);
+    return labelled(make_allreduce_recursive_doubling(members(rt), d, in, out, count, dtype, op), "recursive doubling");
   }
   if (bytes <= kOneShotBytes && size() <= 8) {
-    return make_allreduce_one_shot(members(rt), d, in, out, count, dtype, op);
+    return labelled(make_allreduce_one_shot(members(rt), d, in, out, count, dtype, op), "one-shot");
   }
   // Shared buffers (every rank's input and output in its arena) take the single-copy path; the
   // descriptor says so, so a rank whose buffers are not shared fails the call as a mismatch
   // instead of waiting for messages of another algorithm.
   if (single_copy_fits(*members(rt), bytes) && in_arena(rt, in, bytes) && in_arena(rt, out, bytes)) {
     d.shared = 1;
-    return make_allreduce_single_copy(members(rt), d, in, out, count, dtype, op);
+    return labelled(make_allreduce_single_copy(members(rt), d, in, out, count, dtype, op), "single-copy");
   }
-  if (members(rt)->host_aware) return make_allreduce_host_aware(members(rt), d, in, out, count, dtype, op);
-  return make_allreduce_direct(members(rt), d, in, out, count, dtype, op);
+  if (members(rt)->host_aware) {
+    return labelled(make_allreduce_host_aware(members(rt), d, in, out, count, dtype, op), "host-aware");
+  }
+  return labelled(make_allreduce_direct(members(rt), d, in, out, count, dtype, op), "direct");
 }
 
 Work Group::allreduce_async(const void* in, void* out, std::size_t count, DType dtype, ReduceOp op,

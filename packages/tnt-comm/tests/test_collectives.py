@@ -200,7 +200,35 @@ assert ("barrier", 0, True) in names, names
 for e in events:
     assert e["submitted_ns"] <= e["started_ns"] <= e["ended_ns"], e
     assert not e["failed"]
+algorithms = [(e["bytes"], e["algorithm"], e["phases"]) for e in events if e["name"] == "allreduce"]
+assert algorithms == [(4000, "one-shot", []), (2_000_000, "direct", [])], algorithms
 print(len([e for e in events if e["name"] != "wait"]), "ok")
 """
     for res in run(2, code, tmp_path):
         assert res.stdout.split() == ["3", "ok"], res.stderr[-2000:]
+
+
+@pytest.mark.timeout(90)
+def test_the_timeline_names_the_phases_of_the_host_aware_allreduce(tmp_path: Path) -> None:
+    # 4 ranks on 2 fake hosts: a large average takes the host-aware algorithm, whose phases run one
+    # after the other on every rank; a small one goes through the hosts' leaders (rank 0 and 2).
+    code = """
+import numpy as np, tnt_comm as tc
+tc.timeline_start()
+tc.allreduce(np.ones(250_000, np.float64), op="avg")
+tc.allreduce(np.ones(10, np.float32))
+events = [e for e in tc.timeline_stop() if e["name"] == "allreduce"]
+large, small = events
+assert large["algorithm"] == "host-aware", large
+names = [name for name, _ in large["phases"]]
+assert names == ["reduce-scatter within the host", "ring across hosts", "allgather within the host", "divide"], names
+begins = [ns for _, ns in large["phases"]]
+assert large["started_ns"] <= begins[0] and begins == sorted(begins) and begins[-1] <= large["ended_ns"], large
+assert small["algorithm"] == "via leaders", small
+leader = tc.rank() in (0, 2)
+expected = ["reduce to the leader", *(["allreduce among leaders"] if leader else []), "broadcast within the host"]
+assert [name for name, _ in small["phases"]] == expected, small
+print("ok")
+"""
+    for res in run(4, code, tmp_path, nodes=2):
+        assert res.stdout.split() == ["ok"], res.stderr[-2000:]

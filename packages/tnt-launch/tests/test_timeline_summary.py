@@ -37,6 +37,11 @@ def _op(rank: int, i: int, begin: float, end: float, blocking: bool = False, nby
         {**common, "ph": "b", "name": "queued", "ts": begin},
         {**common, "ph": "e", "name": "queued", "ts": begin},
         {**common, "ph": "b", "name": "running", "ts": begin},
+        # The algorithm's phases nest in "running", under the collective's id, without args.
+        {**common, "ph": "b", "name": "reduce-scatter within the host", "ts": begin},
+        {**common, "ph": "e", "name": "reduce-scatter within the host", "ts": (begin + end) / 2},
+        {**common, "ph": "b", "name": "ring across hosts", "ts": (begin + end) / 2},
+        {**common, "ph": "e", "name": "ring across hosts", "ts": end},
         {**common, "ph": "e", "name": "running", "ts": end},
         {**common, "ph": "e", "name": "allreduce", "ts": end},
     ]

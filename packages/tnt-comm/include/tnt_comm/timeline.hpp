@@ -9,8 +9,17 @@
 
 namespace tnt::timeline {
 
+// A part of an operation that runs after the one before it (the host-aware allreduce's reduction
+// within the host, its ring across hosts, ...): it begins at begin_ns and ends where the next begins,
+// the last where the operation ends.
+struct Phase {
+  std::string name;
+  std::int64_t begin_ns = 0;
+};
+
 struct Event {
   std::string name;  // "allreduce", ..., or "wait" (a caller blocked on an operation)
+  std::string algorithm;  // how it ran ("direct", "host-aware", ...), where there is a choice
   std::uint64_t group = 0;
   std::uint64_t call = 0;  // the call's number in its group
   std::uint64_t bytes = 0;
@@ -19,6 +28,7 @@ struct Event {
   std::int64_t ended_ns = 0;
   bool blocking = false;  // a blocking call (the caller drives it), not a non-blocking one
   bool failed = false;
+  std::vector<Phase> phases;  // empty where the algorithm runs as one piece
 };
 
 bool on();

@@ -147,7 +147,13 @@ def transports() -> list[str]:
     return list(_core.transports())
 
 
-_TIMELINE_FIELDS = ("name", "group", "call", "bytes", "submitted_ns", "started_ns", "ended_ns", "blocking", "failed")
+# "algorithm": how an allreduce ran ("direct", "host-aware", ...; "" where there is no choice);
+# "phases": its parts that run one after another, as (name, begin_ns), each ending where the next
+# begins and the last at "ended_ns" (empty where the algorithm runs as one piece).
+_TIMELINE_FIELDS = (
+    "name", "group", "call", "bytes", "submitted_ns", "started_ns", "ended_ns", "blocking", "failed", "algorithm",
+    "phases",
+)
 
 
 def timeline_start() -> None:
@@ -159,7 +165,10 @@ def timeline_start() -> None:
 
 def timeline_events() -> list[dict[str, Any]]:
     """The events recorded since the last call (oldest first), as dicts of ``_TIMELINE_FIELDS``."""
-    return [dict(zip(_TIMELINE_FIELDS, event, strict=True)) for event in _core.timeline_take()]
+    events = [dict(zip(_TIMELINE_FIELDS, event, strict=True)) for event in _core.timeline_take()]
+    for e in events:
+        e["phases"] = [tuple(phase) for phase in e["phases"]]
+    return events
 
 
 def timeline_stop() -> list[dict[str, Any]]:

@@ -382,6 +382,10 @@ class Phases final : public Operation {
   Progress progress() override {
     bool advanced = false;
     while (current_ < phases_.size()) {
+      if (entered_ <= current_) {  // the timeline's mark, once per phase, when it first runs
+        enter_phase(phases_[current_]->label());
+        entered_ = current_ + 1;
+      }
       const Progress p = phases_[current_]->progress();
       if (p != Progress::done) return advanced || p == Progress::advanced ? Progress::advanced : Progress::idle;
       ++current_;
@@ -398,7 +402,7 @@ class Phases final : public Operation {
 
  private:
   std::vector<std::shared_ptr<Operation>> phases_;
-  std::size_t current_ = 0;
+  std::size_t current_ = 0, entered_ = 0;
 };
 
 // The last phase of an average over phases: they sum, and this divides once by the group's size,
@@ -427,7 +431,10 @@ ReduceOp phase_op(ReduceOp op) { return op == ReduceOp::avg ? ReduceOp::sum : op
 std::shared_ptr<Operation> finish_phases(std::shared_ptr<const Members> members, Descriptor desc,
                                          std::vector<std::shared_ptr<Operation>> phases, ReduceOp op, void* out,
                                          std::size_t count, DType dtype) {
-  if (op == ReduceOp::avg) phases.push_back(std::make_shared<Divide>(members, desc, out, count, dtype));
+  if (op == ReduceOp::avg) {
+    phases.push_back(std::make_shared<Divide>(members, desc, out, count, dtype));
+    phases.back()->set_label("divide");
+  }
   return std::make_shared<Phases>(std::move(members), desc, std::move(phases));
 }
 
@@ -499,12 +506,15 @@ std::shared_ptr<Operation> make_allreduce_via_leaders(std::shared_ptr<const Memb
   std::vector<std::shared_ptr<Operation>> phases;
   phases.push_back(
       std::make_shared<ReduceToOwners>(local, within, in, nullptr, out, offsets, dtype, phase_op(op), false));
+  phases.back()->set_label("reduce to the leader");
   if (my_local == 0) {
     std::vector<int> leaders;
     for (const auto& h : members->hosts) leaders.push_back(h.front());
     phases.push_back(make_allreduce_one_shot(subset(*members, leaders), between, out, out, count, dtype, phase_op(op)));
+    phases.back()->set_label("allreduce among leaders");
   }
   phases.push_back(make_broadcast(local, spread, out, count * dtype_size(dtype), 0));
+  phases.back()->set_label("broadcast within the host");
   return finish_phases(std::move(members), desc, std::move(phases), op, out, count, dtype);
 }
 
@@ -535,9 +545,12 @@ std::shared_ptr<Operation> make_allreduce_host_aware(std::shared_ptr<const Membe
   std::vector<std::shared_ptr<Operation>> phases;
   phases.push_back(
       std::make_shared<ReduceToOwners>(local, within, in, nullptr, region, offsets, dtype, phase_op(op), false));
+  phases.back()->set_label("reduce-scatter within the host");
   // Across hosts a ring: each rank talks to one rank of one other host (see RingAllreduce).
   phases.push_back(std::make_shared<RingAllreduce>(across, between, region, region, region_count, dtype, phase_op(op)));
+  phases.back()->set_label("ring across hosts");
   phases.push_back(make_allgatherv(local, gather, region, out, std::move(bytes)));
+  phases.back()->set_label("allgather within the host");
   return finish_phases(std::move(members), desc, std::move(phases), op, out, count, dtype);
 }
 
@@ -563,6 +576,7 @@ std::shared_ptr<Operation> make_allreduce_recursive_doubling(std::shared_ptr<con
   if (op == ReduceOp::avg) {
     // Sum pairwise, then divide once (averaging pairs would divide log2(n) times).
     auto sum = std::make_shared<RecursiveDoubling>(members, desc, in, out, count, dtype, ReduceOp::sum);
+    sum->set_label("sum");
     return finish_phases(std::move(members), desc, {sum}, op, out, count, dtype);
   }
   return std::make_shared<RecursiveDoubling>(std::move(members), desc, in, out, count, dtype, op);

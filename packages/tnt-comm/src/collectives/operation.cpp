@@ -82,6 +82,8 @@ void Operation::finish(std::exception_ptr error) {
       event.ended_ns = timeline::now_ns();
       event.blocking = blocking_;
       event.failed = error != nullptr;
+      event.algorithm = label_;
+      for (const auto& [name, ns] : phase_marks_) event.phases.push_back({name, ns});
       timeline::add(std::move(event));
     }
     done_.store(true, std::memory_order_release);

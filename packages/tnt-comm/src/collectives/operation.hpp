@@ -15,6 +15,7 @@
 
 #include "collectives/channel.hpp"
 #include "collectives/descriptor.hpp"
+#include "tnt_comm/timeline.hpp"
 #include "transport/fabric.hpp"
 
 namespace tnt {
@@ -138,6 +139,10 @@ class Operation {
   void mark_started(std::int64_t ns) {
     if (submitted_ns_ != 0) started_ns_ = ns;
   }
+  // What the timeline calls it: for an operation a caller submitted, its algorithm ("direct", ...);
+  // for a phase of one, the part it plays ("ring across hosts", ...). A string literal.
+  void set_label(const char* label) { label_ = label; }
+  const char* label() const { return label_; }
   bool completed() const { return done_.load(std::memory_order_acquire); }
   // Waits on the completion (another thread drives); false if `seconds` passed first.
   bool wait_completion(double seconds);
@@ -145,6 +150,12 @@ class Operation {
   void set_callback(std::function<void(std::exception_ptr)> callback) { callback_ = std::move(callback); }
 
  protected:
+  // The timeline: from now on the operation runs its phase `name` (a string literal); recorded only
+  // for an operation submitted while the timeline was on.
+  void enter_phase(const char* name) {
+    if (submitted_ns_ != 0) phase_marks_.emplace_back(name, timeline::now_ns());
+  }
+
   // Chunking: how many messages `bytes` of payload take (at least one, so empty operations still
   // synchronise), and the bytes of chunk `i`.
   std::uint64_t chunks(std::size_t bytes) const {
@@ -183,6 +194,8 @@ class Operation {
  private:
   bool blocking_ = false;
   std::int64_t submitted_ns_ = 0, started_ns_ = 0;
+  const char* label_ = "";
+  std::vector<std::pair<const char*, std::int64_t>> phase_marks_;
   std::atomic<bool> done_{false};
   mutable std::mutex mutex_;
   std::condition_variable cv_;

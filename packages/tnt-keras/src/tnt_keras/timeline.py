@@ -18,7 +18,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import keras
@@ -159,15 +159,32 @@ def _events(rank: int, offset: int) -> list[dict[str, Any]]:
         common = {"cat": "tnt-comm", "pid": rank, "tid": _COMM_TID, "id2": {"local": str(i)}}
         args = {"bytes": e["bytes"], "group": f"{e['group']:#x}", "call": e["call"],
                 "blocking": e["blocking"], "failed": e["failed"]}
+        if e.get("algorithm"):
+            args["algorithm"] = e["algorithm"]
         events += [
             {**common, "ph": "b", "name": e["name"], "ts": us(e["submitted_ns"]), "args": args},
             {**common, "ph": "b", "name": "queued", "ts": us(e["submitted_ns"])},
             {**common, "ph": "e", "name": "queued", "ts": us(e["started_ns"])},
             {**common, "ph": "b", "name": "running", "ts": us(e["started_ns"])},
+            *_phases(common, e, us),
             {**common, "ph": "e", "name": "running", "ts": us(e["ended_ns"])},
             {**common, "ph": "e", "name": e["name"], "ts": us(e["ended_ns"])},
         ]
     return events
+
+
+def _phases(common: dict[str, Any], e: dict[str, Any], us: Callable[[int], float]) -> list[dict[str, Any]]:
+    """The algorithm's phases, one after another inside "running": each ends where the next begins."""
+    marks = e.get("phases", [])
+    if not marks:
+        return []
+    ends = [begin for _, begin in marks[1:]] + [e["ended_ns"]]
+    out: list[dict[str, Any]] = []
+    for (name, begin), end in zip(marks, ends, strict=True):
+        begin = min(max(begin, e["started_ns"]), end)
+        out.append({**common, "ph": "b", "name": name, "ts": us(begin)})
+        out.append({**common, "ph": "e", "name": name, "ts": us(end)})
+    return out
 
 
 def write() -> None:

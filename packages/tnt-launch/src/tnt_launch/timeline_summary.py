@@ -72,11 +72,13 @@ def load(path: str) -> dict[int, RankTrace]:
                 trace.epochs.append((*interval, int(e.get("args", {}).get("epoch", len(trace.epochs)))))
             elif name == "wait":
                 trace.waits.append(interval)
-        elif e.get("cat") == "tnt-comm" and name not in ("queued", "running"):
+        elif e.get("cat") == "tnt-comm":
+            # A collective's own begin carries its args; its phases (queued, running, the
+            # algorithm's parts) nest inside it under the same id, and its own end comes last.
             key = (pid, str(e.get("id2", {}).get("local", e.get("id"))))
-            if ph == "b":
+            if ph == "b" and "bytes" in e.get("args", {}):
                 open_ops[key] = (float(e["ts"]), e.get("args", {}), name)
-            elif ph == "e" and key in open_ops:
+            elif ph == "e" and key in open_ops and open_ops[key][2] == name:
                 begin, args, op = open_ops.pop(key)
                 trace.collectives.append(
                     (begin, float(e["ts"]), op, int(args.get("bytes", 0)), bool(args.get("blocking")))
