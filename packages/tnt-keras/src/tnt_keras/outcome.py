@@ -163,4 +163,5 @@ def write_and_agree(doing: str, writes: bool, write: Callable[[], Any]) -> Any:
             except Exception as e:  # shared with every rank, then raised here unchanged
                 error = e
         agree_on_outcome(error, doing)
-        return result
+    timeline.saved()  # every rank is here, together: the trace may be written (collective)
+    return result

@@ -6,7 +6,8 @@ the waits in which a caller was blocked on one (from tnt-comm's timeline).
 
 It records from ``import tnt_keras`` on where TNT_TIMELINE names a file (``tnt-launch --timeline
 FILE`` sets it for every rank), or between ``tnt.timeline.start(FILE)`` and ``tnt.timeline.stop()``,
-both called on every rank. Rank 0 writes the file at the end of every ``fit`` and at ``stop()``,
+both called on every rank. Rank 0 writes the file at the end of every ``fit``, after every save
+outside ``fit``, and at ``stop()``,
 each time with everything recorded since the start; every rank's times are moved onto rank 0's
 clock, whose offset each rank measures against rank 0 by round trips (the shortest of several
 counts), so ranks on other hosts line up too. Off, nothing is recorded and no callback is added.
@@ -30,7 +31,7 @@ VARIABLE = contract.TIMELINE
 _ROUND_TRIPS = 8
 _KERAS_TID, _WAIT_TID, _COMM_TID = 1, 2, 3
 
-_state: dict[str, Any] = {"path": None, "spans": [], "comm": []}
+_state: dict[str, Any] = {"path": None, "spans": [], "comm": [], "fitting": False}
 
 
 def active() -> bool:
@@ -83,6 +84,9 @@ class Steps(keras.callbacks.Callback):
         self._step: tuple[int, int] | None = None
         self._epoch: tuple[int, int] | None = None
 
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        _state["fitting"] = True
+
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch = (epoch, time.monotonic_ns())
 
@@ -99,6 +103,15 @@ class Steps(keras.callbacks.Callback):
             _state["spans"].append(("step", self._step[1], time.monotonic_ns(), {"epoch": epoch, "batch": batch}))
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        _state["fitting"] = False
+        write()
+
+
+def saved() -> None:
+    """After a save that every rank made together: outside ``fit`` (a save after the last one), the
+    trace is written again, so that it holds the save without ``stop()``. Inside ``fit`` (a
+    checkpoint callback) the end of ``fit`` writes it."""
+    if active() and not _state["fitting"]:
         write()
 
 
