@@ -14,13 +14,13 @@ import pytest
 
 from tnt_launch import jobs
 from tnt_launch._agent import MARKER, rank_state
-from tnt_launch.supervise import _AgentLines
+from tnt_launch.rank_run import AgentLines
 
 M = MARKER.encode()
 
 
 def test_messages_are_taken_out_and_output_is_passed_on() -> None:
-    lines = _AgentLines()
+    lines = AgentLines()
     passed, messages = lines.feed(M + b'{"event": "ready"}\nhello\n')
     assert (passed, messages) == (b"hello\n", [b'{"event": "ready"}'])
     passed, messages = lines.feed(b"no newline yet" + M + b'{"event": "exit"}\n')
@@ -28,7 +28,7 @@ def test_messages_are_taken_out_and_output_is_passed_on() -> None:
 
 
 def test_a_message_cut_by_a_read_is_held_until_whole() -> None:
-    lines = _AgentLines()
+    lines = AgentLines()
     data = b"progress 10%\r" + M + b'{"event": "exit", "code": 0}\n'
     for cut in range(len(data) + 1):
         passed_a, messages_a = lines.feed(data[:cut])
@@ -39,7 +39,7 @@ def test_a_message_cut_by_a_read_is_held_until_whole() -> None:
 
 
 def test_record_separators_of_the_rank_itself_pass() -> None:
-    lines = _AgentLines()
+    lines = AgentLines()
     passed, messages = lines.feed(b"a\x1eb\x1e")
     assert messages == []
     assert passed + lines.flush() == b"a\x1eb\x1e"
@@ -48,7 +48,7 @@ def test_record_separators_of_the_rank_itself_pass() -> None:
 
 
 def test_a_state_answer_inside_a_line_of_the_rank_is_taken_out() -> None:
-    lines = _AgentLines()
+    lines = AgentLines()
     passed, messages = lines.feed(b"epoch 1: 50%" + M + b'{"event": "state"}\n' + b" 60%\n")
     assert (passed, messages) == (b"epoch 1: 50% 60%\n", [b'{"event": "state"}'])
 

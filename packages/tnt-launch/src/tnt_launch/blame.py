@@ -26,7 +26,7 @@ class Status(Protocol):
 
 
 class Run(Protocol):
-    """What the verdict reads of one rank's run (supervise._RankRun)."""
+    """What the verdict reads of one rank's run (rank_run.RankRun)."""
 
     spec: RankSpec
     status: Status | None

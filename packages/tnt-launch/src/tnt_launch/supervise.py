@@ -24,17 +24,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections import deque
-from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-import psutil
-
 from tnt_launch import blame, jobs, quiet, slurm
-from tnt_launch._agent import MARKER
 from tnt_launch.config import LaunchConfig
 from tnt_launch.hosts import Host
 from tnt_launch.plan import Plan, RankSpec
+from tnt_launch.rank_run import Output, RankRun, RankStatus, Stream, read_available, signal_name
 from tnt_launch.spawn import (
     SshSettings,
     srun_program,
@@ -43,13 +39,11 @@ from tnt_launch.spawn import (
     step_request,
     write_slurm_hostfile,
 )
-from tnt_launch.srun_step import MAX_LINE, Step, StepStream, split_lines
+from tnt_launch.srun_step import Step, StepStream, split_lines
 
-TAIL_LINES = 20
 SSH_STARTS_PER_HOST = 8
 """Agents started over ssh to one host that may be connecting at once: fewer than OpenSSH's
 default MaxStartups (10), beyond which sshd drops new connections at random."""
-_MARKER = MARKER.encode()
 _HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
 STATE_WAIT_S = 3.0
 """How long a failing job waits for its agents to say whether their ranks are stopped (an ssh
@@ -59,186 +53,6 @@ round trip) before it stops them anyway."""
 # while the rank still runs.
 FATAL_GRACE_S = 1.0
 _ranks = blame.ranks_text
-
-
-@dataclass(frozen=True)
-class RankStatus:
-    code: int | None
-    signal: int | None = None
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.code == 0 and self.error is None
-
-    @property
-    def exit_code(self) -> int:
-        if self.code is not None:
-            return self.code
-        return 128 + (self.signal or 0)
-
-    def describe(self) -> str:
-        if self.error is not None:
-            return f"failed: {self.error} (exit code {self.exit_code})"
-        if self.signal is not None:
-            return f"was killed by signal {self.signal} ({_signal_name(self.signal)})"
-        return f"exited with code {self.code}"
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
-def _read_available(fd: int) -> bytes | None:
-    """What a non-blocking pipe holds now: None if nothing yet, b"" at its end (or an error)."""
-    try:
-        return os.read(fd, 65536)
-    except BlockingIOError:
-        return None
-    except OSError:
-        return b""
-
-
-class _Output:
-    """Where a rank's two streams go: tnt-launch's own stdout/stderr and/or files."""
-
-    def __init__(self, out: BinaryIO, err: BinaryIO) -> None:
-        self._targets = {"out": out, "err": err}
-        self._broken: set[str] = set()
-
-    def write(self, stream: str, data: bytes) -> None:
-        if stream in self._broken or not data:
-            return
-        target = self._targets[stream]
-        try:
-            target.write(data)
-            target.flush()
-        except (BrokenPipeError, ValueError, OSError):
-            # Whoever reads our output has gone away; the job carries on.
-            self._broken.add(stream)
-
-
-class _AgentLines:
-    """Separates the agent's own lines (see `_agent.MARKER`) from a rank's stderr.
-
-    The agent writes them only before its rank starts and after it has ended, so they never
-    split a line of the rank; a marker cut in two by a read is held back until it is whole.
-    """
-
-    def __init__(self) -> None:
-        self.held = b""
-
-    def feed(self, data: bytes) -> tuple[bytes, list[bytes]]:
-        data = self.held + data
-        self.held = b""
-        passed = bytearray()
-        messages = []
-        while (at := data.find(_MARKER)) >= 0:
-            end = data.find(b"\n", at)
-            if end < 0:
-                break
-            passed += data[:at]
-            messages.append(data[at + len(_MARKER) : end])
-            data = data[end + 1 :]
-        cut = data.find(_MARKER)
-        if cut < 0:
-            cut = data.rfind(b"\x1e")
-            if cut >= 0 and not _MARKER.startswith(data[cut:]):
-                cut = -1
-        if cut >= 0 and len(data) - cut <= MAX_LINE:
-            self.held = data[cut:]
-            data = data[:cut]
-        passed += data
-        return bytes(passed), messages
-
-    def flush(self) -> bytes:
-        held, self.held = self.held, b""
-        return held
-
-
-class _Stream:
-    """One of a rank's two output streams: its agent's own pipe (`fd`), or, under srun (`fd` None),
-    its lines of the step's stream, which `StepStream` hands over."""
-
-    def __init__(self, run: _RankRun, name: str, fd: int | None) -> None:
-        self.run = run
-        self.name = name
-        self.fd = fd
-        self.partial = b""
-        self.open = True
-        self.agent_lines = _AgentLines() if name == "err" else None
-        self.startup_filter: quiet.StartupFilter | None = None  # set where the plan hides TF's start-up lines
-
-
-class _RankRun:
-    """One rank's agent process and what has been seen of it."""
-
-    def __init__(self, spec: RankSpec, proc: subprocess.Popen[bytes] | None, step: Step | None = None) -> None:
-        self.spec = spec
-        self.proc = proc
-        self.step = step
-        """Under srun: the step whose task runs this rank's agent (`proc` is the step's srun)."""
-        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
-        self.ready = False
-        self.reported: dict[str, Any] | None = None
-        self.status: RankStatus | None = None
-        self.exited_at: float | None = None
-        self.failed_on_its_own = False
-        self.state: dict[str, Any] | None = None
-        """The agent's answer to 'S': which of the rank's processes are stopped."""
-        self.state_asked = False
-        self.error: dict[str, Any] | None = None
-        """The exception the rank reported it ends with, as data (tnt_comm.error_data)."""
-        self.fatal_at: float | None = None
-        """When the rank reported a tnt-comm failure (see blame.FATAL_KINDS)."""
-        self.files: dict[str, BinaryIO] = {}
-        self.streams: list[_Stream] = []
-
-    @property
-    def running(self) -> bool:
-        return self.status is None
-
-    def send(self, command: bytes) -> None:
-        if self.step is not None:
-            self.step.send(command)
-            return
-        if self.proc is None or self.proc.stdin is None or self.proc.stdin.closed:
-            return
-        try:
-            self.proc.stdin.write(command)
-            self.proc.stdin.flush()
-        except (BrokenPipeError, ValueError, OSError):
-            pass
-
-    def close_stdin(self) -> None:
-        if self.step is not None:
-            self.step.finished(self.spec.rank)
-            return
-        if self.proc is not None and self.proc.stdin is not None:
-            try:
-                self.proc.stdin.close()
-            except OSError:
-                pass
-
-    def kill(self) -> None:
-        """Last resort: kill the agent, and with a local agent everything under it."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        targets = []
-        if self.spec.local:
-            try:
-                targets = psutil.Process(self.proc.pid).children(recursive=True)
-            except psutil.Error:
-                targets = []
-        self.proc.kill()
-        for child in targets:
-            try:
-                child.kill()
-            except psutil.Error:
-                pass
 
 
 class Supervisor:
@@ -258,20 +72,20 @@ class Supervisor:
         self.ssh = ssh
         self.step: Step | None = None
         self.step_streams: list[StepStream] = []
-        self.output = _Output(out or sys.stdout.buffer, err or sys.stderr.buffer)
+        self.output = Output(out or sys.stdout.buffer, err or sys.stderr.buffer)
         self.grace = grace
-        self.runs: list[_RankRun] = []
+        self.runs: list[RankRun] = []
         self.pending: list[RankSpec] = []
         self.selector = selectors.DefaultSelector()
-        self.first_failure: _RankRun | None = None
+        self.first_failure: RankRun | None = None
         self.received_signal: int | None = None
         self.stopping = False
         self.kill_at: float | None = None
         self.abandon_at: float | None = None
-        self.abandoned: list[_RankRun] = []
+        self.abandoned: list[RankRun] = []
         self.check_until: float | None = None
         """While the agents are asked whether their ranks are stopped: when to stop waiting."""
-        self.silent: list[_RankRun] = []
+        self.silent: list[RankRun] = []
         """Runs on other hosts whose agents did not answer in time: dropped, not stopped."""
         self._pending_signals: list[int] = []
         self._wakeup: tuple[int, int] | None = None
@@ -281,13 +95,13 @@ class Supervisor:
     def _say(self, text: str) -> None:
         self.output.write("err", f"tnt-launch: {text}\n".encode())
 
-    def _where(self, run: _RankRun) -> str:
+    def _where(self, run: RankRun) -> str:
         spec = run.spec
         return f"rank {spec.rank} (host {spec.host}, local rank {spec.local_rank})"
 
     # -- starting ---------------------------------------------------------------------------
 
-    def _open_files(self, run: _RankRun) -> None:
+    def _open_files(self, run: RankRun) -> None:
         if self.config.output_dir is None:
             return
         for stream, suffix in (("out", "out"), ("err", "err")):
@@ -299,16 +113,16 @@ class Supervisor:
         try:
             proc = start_agent(host, self.ssh, self.plan.rank_request(spec, self.grace))
         except OSError as e:
-            run = _RankRun(spec, None)
+            run = RankRun(spec, None)
             self.runs.append(run)
             self._finish(run, RankStatus(127, error=f"cannot start its agent: {e.strerror}"))
             return
-        run = _RankRun(spec, proc)
+        run = RankRun(spec, proc)
         self.runs.append(run)
         self._open_files(run)
         assert proc.stdout is not None and proc.stderr is not None
         for name, pipe in (("out", proc.stdout), ("err", proc.stderr)):
-            stream = _Stream(run, name, pipe.fileno())
+            stream = Stream(run, name, pipe.fileno())
             if name == "err" and self.plan.hide_tf_startup:
                 stream.startup_filter = quiet.StartupFilter()
             run.streams.append(stream)
@@ -325,18 +139,18 @@ class Supervisor:
         except OSError as e:
             os.unlink(hostfile)
             for spec in specs:
-                run = _RankRun(spec, None)
+                run = RankRun(spec, None)
                 self.runs.append(run)
                 self._finish(run, RankStatus(127, error=f"cannot start srun: {e.strerror}"))
             return
         self.step = Step(proc, hostfile, len(specs))
-        by_rank: dict[str, dict[int, _Stream]] = {"out": {}, "err": {}}
+        by_rank: dict[str, dict[int, Stream]] = {"out": {}, "err": {}}
         for spec in specs:
-            run = _RankRun(spec, proc, self.step)
+            run = RankRun(spec, proc, self.step)
             self.runs.append(run)
             self._open_files(run)
             for name in ("out", "err"):
-                stream = _Stream(run, name, None)
+                stream = Stream(run, name, None)
                 if name == "err" and self.plan.hide_tf_startup:
                     stream.startup_filter = quiet.StartupFilter()
                 run.streams.append(stream)
@@ -379,13 +193,13 @@ class Supervisor:
 
     # -- output -----------------------------------------------------------------------------
 
-    def _live(self, run: _RankRun) -> bool:
+    def _live(self, run: RankRun) -> bool:
         return self.config.output_on_all_devices or run.spec.rank == 0
 
-    def _prefix(self, run: _RankRun) -> bytes:
+    def _prefix(self, run: RankRun) -> bytes:
         return f"[rank {run.spec.rank}] ".encode()
 
-    def _on_data(self, stream: _Stream, data: bytes) -> None:
+    def _on_data(self, stream: Stream, data: bytes) -> None:
         run = stream.run
         if stream.agent_lines is not None:
             data, messages = stream.agent_lines.feed(data)
@@ -395,7 +209,7 @@ class Supervisor:
             data = stream.startup_filter.feed(data)
         self._on_output(stream, data)
 
-    def _on_output(self, stream: _Stream, data: bytes) -> None:
+    def _on_output(self, stream: Stream, data: bytes) -> None:
         run = stream.run
         if not data:
             return
@@ -411,7 +225,7 @@ class Supervisor:
         for line in lines:
             self._on_line(stream, line + b"\n")
 
-    def _on_line(self, stream: _Stream, line: bytes) -> None:
+    def _on_line(self, stream: Stream, line: bytes) -> None:
         run = stream.run
         if stream.name == "err":
             # Of a line redrawn with carriage returns (a progress bar) keep the last state.
@@ -420,7 +234,7 @@ class Supervisor:
         if self.config.output_on_all_devices:
             self.output.write(stream.name, self._prefix(run) + line)
 
-    def _on_message(self, run: _RankRun, payload: bytes) -> None:
+    def _on_message(self, run: RankRun, payload: bytes) -> None:
         try:
             message = json.loads(payload.decode(errors="replace"))
         except ValueError:
@@ -439,7 +253,7 @@ class Supervisor:
             run.state = message
 
     def _read_step(self, step_stream: StepStream) -> None:
-        data = _read_available(step_stream.fd)
+        data = read_available(step_stream.fd)
         if data is None:
             return
         routed = step_stream.lines(data) if data else step_stream.rest()
@@ -455,9 +269,9 @@ class Supervisor:
             for stream in step_stream.streams.values():
                 self._close_stream(stream)
 
-    def _read(self, stream: _Stream) -> None:
+    def _read(self, stream: Stream) -> None:
         assert stream.fd is not None
-        data = _read_available(stream.fd)
+        data = read_available(stream.fd)
         if data is None:
             return
         if data:
@@ -465,7 +279,7 @@ class Supervisor:
             return
         self._close_stream(stream)
 
-    def _close_stream(self, stream: _Stream) -> None:
+    def _close_stream(self, stream: Stream) -> None:
         if not stream.open:
             return
         stream.open = False
@@ -485,7 +299,7 @@ class Supervisor:
 
     # -- exits ------------------------------------------------------------------------------
 
-    def _status_of(self, run: _RankRun) -> RankStatus:
+    def _status_of(self, run: RankRun) -> RankStatus:
         reported = run.reported
         if reported is not None:
             return RankStatus(reported.get("code"), reported.get("signal"), reported.get("error"))
@@ -495,7 +309,7 @@ class Supervisor:
             return RankStatus(code if code >= 0 else None, -code if code < 0 else None,
                               f"its task of the srun step ended without reporting the rank's status (srun's exit status {code})")
         if code < 0:
-            return RankStatus(None, -code, f"its agent was killed by {_signal_name(-code)}")
+            return RankStatus(None, -code, f"its agent was killed by {signal_name(-code)}")
         if not run.spec.local and code == 255:
             last = run.tail[-1] if run.tail else "no message"
             return RankStatus(255, error=f"ssh to {run.spec.host} failed: {last}")
@@ -521,7 +335,7 @@ class Supervisor:
                 self._close_stream(stream)
             self._finish(run, self._status_of(run))
 
-    def _finish(self, run: _RankRun, status: RankStatus) -> None:
+    def _finish(self, run: RankRun, status: RankStatus) -> None:
         run.status = status
         run.close_stdin()
         # A rank that reported a tnt-comm failure failed on its own, even if the job was being
@@ -683,12 +497,12 @@ class Supervisor:
                 self.received_signal = signum
                 running = sum(1 for r in self.runs if r.running)
                 self._say(
-                    f"got {_signal_name(signum)}: stopping {running} rank(s) "
+                    f"got {signal_name(signum)}: stopping {running} rank(s) "
                     "(send it again to kill them at once)"
                 )
                 self._stop_all()
             else:
-                self._say(f"got {_signal_name(signum)} again: killing the ranks")
+                self._say(f"got {signal_name(signum)} again: killing the ranks")
                 self._kill_all()
 
     # -- the loop ---------------------------------------------------------------------------
@@ -755,7 +569,7 @@ class Supervisor:
 
     # -- the end ----------------------------------------------------------------------------
 
-    def _describe_failure(self, run: _RankRun) -> str:
+    def _describe_failure(self, run: RankRun) -> str:
         return blame.describe_failure(run, self.stopping)
 
     def _summary(self) -> int:
@@ -807,7 +621,7 @@ class Supervisor:
         elif self.received_signal is not None:
             code = 128 + self.received_signal
             self._say(
-                f"job {self.plan.job_id} stopped after {_signal_name(self.received_signal)}"
+                f"job {self.plan.job_id} stopped after {signal_name(self.received_signal)}"
             )
         else:
             code = 0
