@@ -290,7 +290,8 @@ TRAIN = textwrap.dedent(
 
 
     class WaitForSignal(keras.callbacks.Callback):
-        # The first job says when it is in epoch 2, and waits there for the test's signal.
+        # The first job says when it is in epoch 2, and waits there for the test's signal; every rank
+        # then says whether the signal reached it, and on which node it runs.
         def on_epoch_begin(self, epoch, logs=None):
             if os.environ.get("WAIT_FOR_SIGNAL") == "1" and epoch == 2:
                 if tnt.is_master_rank():
@@ -298,6 +299,8 @@ TRAIN = textwrap.dedent(
                 deadline = time.monotonic() + 60
                 while not tnt.preemption.requested() and time.monotonic() < deadline:
                     time.sleep(0.05)
+                with open(f"{out}.rank{tnt.get_rank()}", "w") as f:
+                    json.dump({"signalled": tnt.preemption.requested(), "node": os.uname().nodename}, f)
 
 
     history = model.fit(x, y, batch_size=16, epochs=6, shuffle=False, verbose=0,
@@ -312,16 +315,18 @@ TRAIN = textwrap.dedent(
 
 @pytest.mark.timeout(300)
 def test_a_preemption_signal_ends_in_a_checkpoint_the_next_job_resumes_from_exactly(
-    slurm: Slurm, tmp_path: Path
+    two_nodes: tuple[Slurm, Cluster], tmp_path: Path
 ) -> None:
+    # On two nodes, one rank each: the signal must reach the rank on the node without the batch shell.
+    slurm, _ = two_nodes
     script = _script(tmp_path, "train.py", TRAIN)
     backup = tmp_path / "backup"
     first, second, whole = (tmp_path / name for name in ("first.json", "second.json", "whole.json"))
     # As `#SBATCH --signal=USR1@T` would, T seconds before the time limit: scancel --signal=USR1 signals
     # every task of the job's steps (tnt-launch's agents and ranks), not the batch shell.
     job = subprocess.Popen(
-        ["sbatch", "--wait", "--parsable", "-n", "2", "-o", str(tmp_path / "first.out"),
-         "--wrap", shlex.join([*LAUNCH, "--", str(script), str(first), str(backup)])],
+        slurm.on_node(0, ["sbatch", "--wait", "--parsable", "-N", "2", "-n", "2", "-o", str(tmp_path / "first.out"),
+                          "--wrap", shlex.join([*LAUNCH, "--", str(script), str(first), str(backup)])]),
         env={**slurm.env, "WAIT_FOR_SIGNAL": "1"}, stdout=subprocess.PIPE, text=True, cwd=tmp_path,
     )
     try:
@@ -339,6 +344,9 @@ def test_a_preemption_signal_ends_in_a_checkpoint_the_next_job_resumes_from_exac
         if job.poll() is None:
             job.kill()
             job.wait()
+    ranks = [json.loads(Path(f"{first}.rank{r}").read_text()) for r in range(2)]
+    assert [r["signalled"] for r in ranks] == [True, True], ranks  # it reached both ranks...
+    assert sorted(r["node"] for r in ranks) == ["tntnode0", "tntnode1"], ranks  # ... on both nodes
     got = json.loads(first.read_text())
     # Stopped on every rank after the epoch it was in, with the checkpoint kept...
     assert got["preempted"] and got["epochs"] == [0, 1, 2], got
@@ -346,10 +354,12 @@ def test_a_preemption_signal_ends_in_a_checkpoint_the_next_job_resumes_from_exac
     assert backup.exists()
 
     # ... which the next job resumes from; it ends where one job without a signal ends, exactly.
-    done = slurm.run(["salloc", "-n", "2", *LAUNCH, "--", str(script), str(second), str(backup)], timeout=180)
-    assert done.returncode == 0, done.stderr[-3000:]
-    done = slurm.run(["salloc", "-n", "2", *LAUNCH, "--", str(script), str(whole), str(tmp_path / "other")],
+    done = slurm.run(["salloc", "-N", "2", "-n", "2", *LAUNCH, "--", str(script), str(second), str(backup)],
                      timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    done = slurm.run(
+        ["salloc", "-N", "2", "-n", "2", *LAUNCH, "--", str(script), str(whole), str(tmp_path / "other")], timeout=180
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     resumed, uninterrupted = json.loads(second.read_text()), json.loads(whole.read_text())
     assert resumed["epochs"] == [3, 4, 5] and not resumed["preempted"], resumed
