@@ -48,19 +48,25 @@ def slurm() -> Iterator[Slurm]:
         cluster.down()
 
 
+LAUNCH = [sys.executable, "-m", "tnt_launch"]
+
+
 def _script(tmp_path: Path, name: str, code: str) -> Path:
     path = tmp_path / name
     path.write_text(code)
     return path
 
 
-def crash_script(killed: int) -> str:
-    """A job whose rank `killed` kills itself after one allreduce, while the others sum on."""
+def crash_script(killed: int, say_started: bool = False) -> str:
+    """A job whose rank `killed` kills itself after one allreduce, while the others sum on; with
+    `say_started`, every rank first prints "rank R started"."""
+    started = 'print(f"rank {tc.rank()} started", flush=True)' if say_started else ""
     return textwrap.dedent(
         f"""\
         import os, signal, numpy as np, tnt_comm as tc
         x = np.ones(1000, np.float32)
         tc.allreduce(x)
+        {started}
         if tc.rank() == {killed}:
             os.kill(os.getpid(), signal.SIGKILL)
         while True:
@@ -71,6 +77,32 @@ def crash_script(killed: int) -> str:
 
 def _tnt_segments() -> set[str]:
     return {f for f in os.listdir("/dev/shm") if f.startswith("tnt-slurm-")}
+
+
+def _processes_of(script: Path) -> list[dict]:
+    """Live processes whose command line names `script`."""
+    return [p.info for p in psutil.process_iter(["pid", "cmdline"]) if str(script) in " ".join(p.info["cmdline"] or [])]
+
+
+def _kill_a_rank_under_tnt_launch(
+    slurm: Slurm, tmp_path: Path, salloc: list[str], killed: int, where: str, timeout: float
+) -> None:
+    """Runs crash_script(killed) under tnt-launch in `salloc`: the job ends with the rank's SIGKILL,
+    naming it (`where`: a pattern of its host and local rank), and leaves no registry entry and no
+    process of the job behind."""
+    script = _script(tmp_path, "crash.py", crash_script(killed))
+    registry = tmp_path / "registry"
+    done = slurm.run(
+        [*salloc, *LAUNCH, "--", str(script)],
+        timeout=timeout,
+        env={"TNT_LAUNCH_REGISTRY": str(registry), "TNT_TIMEOUT_S": "20"},
+    )
+    assert done.returncode == 137, done.stderr[-3000:]
+    assert re.search(rf"job \w+ failed: rank {killed} \({where}\) was killed by signal 9", done.stderr), (
+        done.stderr[-3000:]
+    )
+    assert not [f for f in os.listdir(registry) if f.endswith(".json")], os.listdir(registry)
+    assert not _processes_of(script), _processes_of(script)
 
 
 @pytest.mark.timeout(120)
@@ -92,22 +124,7 @@ def test_plain_srun_forms_one_job_from_slurms_variables(slurm: Slurm, tmp_path: 
 
 @pytest.mark.timeout(120)
 def test_a_rank_killed_under_srun_ends_the_job_named(slurm: Slurm, tmp_path: Path) -> None:
-    script = _script(
-        tmp_path,
-        "crash.py",
-        textwrap.dedent(
-            """\
-            import os, signal, numpy as np, tnt_comm as tc
-            x = np.ones(1000, np.float32)
-            tc.allreduce(x)
-            print(f"rank {tc.rank()} started", flush=True)
-            if tc.rank() == 1:
-                os.kill(os.getpid(), signal.SIGKILL)
-            while True:
-                tc.allreduce(x)
-            """
-        ),
-    )
+    script = _script(tmp_path, "crash.py", crash_script(1, say_started=True))
     before = _tnt_segments()
     done = slurm.run(
         ["srun", "-n", "3", sys.executable, str(script)], timeout=90, env={"TNT_TIMEOUT_S": "20"}
@@ -117,11 +134,9 @@ def test_a_rank_killed_under_srun_ends_the_job_named(slurm: Slurm, tmp_path: Pat
     # The survivors say which rank failed, as they do under tnt-launch.
     assert "rank 1 failed" in done.stderr, done.stderr[-3000:]
     assert not _tnt_segments() - before
-    left = [p.info for p in psutil.process_iter(["pid", "cmdline"]) if str(script) in " ".join(p.info["cmdline"] or [])]
-    assert not left, left
+    assert not _processes_of(script), _processes_of(script)
 
 
-LAUNCH = [sys.executable, "-m", "tnt_launch"]
 
 STEP = SUM + textwrap.dedent(
     """\
@@ -157,27 +172,10 @@ def test_tnt_launch_in_an_allocation_starts_the_ranks_with_srun(slurm: Slurm, tm
 
 @pytest.mark.timeout(120)
 def test_a_rank_killed_under_tnt_launch_over_srun_ends_the_job_named(slurm: Slurm, tmp_path: Path) -> None:
-    script = _script(
-        tmp_path,
-        "crash.py",
-        crash_script(1),
-    )
-    registry = tmp_path / "registry"
     before = _tnt_segments()
-    done = slurm.run(
-        ["salloc", "-n", "3", *LAUNCH, "--", str(script)],
-        timeout=90,
-        env={"TNT_LAUNCH_REGISTRY": str(registry), "TNT_TIMEOUT_S": "20"},
-    )
-    assert done.returncode == 137, done.stderr[-3000:]
-    assert re.search(r"job \w+ failed: rank 1 \(host \S+, local rank 1\) was killed by signal 9", done.stderr), (
-        done.stderr[-3000:]
-    )
-    # Nothing left: no rank, no registry entry, no shared memory.
-    assert not [f for f in os.listdir(registry) if f.endswith(".json")], os.listdir(registry)
+    _kill_a_rank_under_tnt_launch(slurm, tmp_path, ["salloc", "-n", "3"], 1, r"host \S+, local rank 1", timeout=90)
+    # Nothing left of tnt-comm's shared memory either.
     assert not {f for f in os.listdir("/dev/shm") if f.startswith("tnt-")} - before - _tnt_segments()
-    left = [p.info for p in psutil.process_iter(["pid", "cmdline"]) if str(script) in " ".join(p.info["cmdline"] or [])]
-    assert not left, left
 
 
 # -- Two nodes: one per host of a cluster of network namespaces ----------------------------------
@@ -248,27 +246,12 @@ def test_two_nodes_under_plain_srun_and_tnt_launch(two_nodes: tuple[Slurm, Clust
 @pytest.mark.timeout(180)
 def test_a_rank_killed_on_the_second_node_ends_the_job(two_nodes: tuple[Slurm, Cluster], tmp_path: Path) -> None:
     slurm, hosts = two_nodes
-    script = _script(
-        tmp_path,
-        "crash.py",
-        crash_script(3),
+    _kill_a_rank_under_tnt_launch(
+        slurm, tmp_path, ["salloc", "-N", "2", "-n", "4"], 3, "host tntnode1, local rank 1", timeout=120
     )
-    registry = tmp_path / "registry"
-    done = slurm.run(
-        ["salloc", "-N", "2", "-n", "4", *LAUNCH, "--", str(script)],
-        timeout=120,
-        env={"TNT_LAUNCH_REGISTRY": str(registry), "TNT_TIMEOUT_S": "20"},
-    )
-    assert done.returncode == 137, done.stderr[-3000:]
-    assert re.search(r"job \w+ failed: rank 3 \(host tntnode1, local rank 1\) was killed by signal 9", done.stderr), (
-        done.stderr[-3000:]
-    )
-    # Nothing left on either node: no rank, no registry entry, no shared memory of tnt-comm.
-    assert not [f for f in os.listdir(registry) if f.endswith(".json")], os.listdir(registry)
+    # Nothing left of tnt-comm's shared memory on either node.
     for host in range(2):
         assert not [f for f in os.listdir(hosts.path(host, "/dev/shm")) if f.startswith("tnt-")]
-    left = [p.info for p in psutil.process_iter(["pid", "cmdline"]) if str(script) in " ".join(p.info["cmdline"] or [])]
-    assert not left, left
 
 
 # -- Preemption: a signal before the end, a checkpoint, and a second job that resumes from it -------

@@ -165,10 +165,7 @@ def timeline_start() -> None:
 
 def timeline_events() -> list[dict[str, Any]]:
     """The events recorded since the last call (oldest first), as dicts of ``_TIMELINE_FIELDS``."""
-    events = [dict(zip(_TIMELINE_FIELDS, event, strict=True)) for event in _core.timeline_take()]
-    for e in events:
-        e["phases"] = [tuple(phase) for phase in e["phases"]]
-    return events
+    return [dict(zip(_TIMELINE_FIELDS, event, strict=True)) for event in _core.timeline_take()]
 
 
 def timeline_stop() -> list[dict[str, Any]]:

@@ -1,16 +1,17 @@
 """A trace of the whole job, in Chrome's trace-event JSON, which Perfetto (ui.perfetto.dev) and
 chrome://tracing open: one process per rank with its training steps, epochs, the broadcast at the
 start of ``fit`` and saving (from tnt-keras, on every backend), and every collective from submission
-to completion with its bytes, in two phases (queued behind earlier operations, then running), and
-the waits in which a caller was blocked on one (from tnt-comm's timeline).
+to completion with its bytes and algorithm, in two phases (queued behind earlier operations, then
+running, inside which an algorithm's parts follow one another), and the waits in which a caller was
+blocked on one (from tnt-comm's timeline).
 
 It records from ``import tnt_keras`` on where TNT_TIMELINE names a file (``tnt-launch --timeline
 FILE`` sets it for every rank), or between ``tnt.timeline.start(FILE)`` and ``tnt.timeline.stop()``,
 both called on every rank. Rank 0 writes the file at the end of every ``fit``, after every save
-outside ``fit``, and at ``stop()``,
-each time with everything recorded since the start; every rank's times are moved onto rank 0's
-clock, whose offset each rank measures against rank 0 by round trips (the shortest of several
-counts), so ranks on other hosts line up too. Off, nothing is recorded and no callback is added.
+outside ``fit``, and at ``stop()``, each time with everything recorded since the start; every
+rank's times are moved onto rank 0's clock, whose offset each rank measures against rank 0 by round
+trips (the shortest of several counts), so ranks on other hosts line up too. Off, nothing is
+recorded and no callback is added.
 """
 
 from __future__ import annotations
