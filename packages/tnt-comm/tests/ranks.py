@@ -11,24 +11,42 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+# The ports free_port handed out last, each claimed (as tnt-comm claims GPI-2's) by an abstract
+# Unix socket named after it that the kernel keeps host-wide: the test processes beside skip them
+# until well after their jobs' rank 0 bound them.
+_CLAIMED: deque[socket.socket] = deque()
+_KEEP = 64
+
 
 def free_port() -> int:
-    """A port that is free now, for a job's rank 0 to listen on once it has started. Picked from
-    below 10240: the kernel hands out ports from its ephemeral range (Linux: 32768-60999) to every
-    outgoing connection, and the tests running beside make hundreds, one of which once took a port
-    picked there before rank 0 bound it; tnt-comm picks GPI-2's ports from 10240 to 32767."""
+    """A port that is free now and that no other test process picked lately, for a job's rank 0 to
+    listen on once it has started. Picked from below 10240: the kernel hands out ports from its
+    ephemeral range (Linux: 32768-60999) to every outgoing connection, and the tests running beside
+    make hundreds, one of which once took a port picked there before rank 0 bound it; tnt-comm
+    picks GPI-2's ports from 10240 to 32767."""
     rng = random.SystemRandom()
     for _ in range(64):
         port = rng.randrange(2048, 10240)
+        claim = socket.socket(socket.AF_UNIX)
+        try:
+            claim.bind(f"\0tnt-test-port:{port}")
+        except OSError:
+            claim.close()
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
+                claim.close()
                 continue
-            return port
+        _CLAIMED.append(claim)
+        if len(_CLAIMED) > _KEEP:
+            _CLAIMED.popleft().close()
+        return port
     raise RuntimeError("no free port between 2048 and 10239 in 64 tries")
 
 

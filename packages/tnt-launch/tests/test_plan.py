@@ -518,7 +518,7 @@ def gpi2_plan(config: LaunchConfig, hosts: list[Host], environ=None, identity=GP
 def test_gpi2_ranks_get_gaspi_variables_a_machinefile_and_a_port_base() -> None:
     config = cfg(nprocs=3, no_gpu=True, transport="gpi2")
     assert gpi2_sockets(config, LOCAL, {"localhost": facts()}, {}) == 3
-    base = gpi2.free_port_base(3)
+    base = gpi2.free_port_base(3).base
     assert gpi2.PORT_BASE_LOW <= base <= 31744 and base % 1024 == 0
     identity = JobIdentity("0123456789ab", "f" * 32, 29500, base, MFILE)
     plan = gpi2_plan(config, LOCAL, identity=identity)
@@ -628,12 +628,12 @@ def test_gpi2_port_base_skips_taken_and_busy_ranges() -> None:
     bases = list(range(10240, 31744 + 1, 1024))
     assert len(bases) == 22
     for seed in range(40):
-        base = gpi2.free_port_base(2, rng=random.Random(seed))
+        base = gpi2.free_port_base(2, rng=random.Random(seed)).base
         assert base in bases
         assert all(gpi2.port_free(base + offset + s) for offset in (0, 256, 512) for s in range(2))
     # A range another running job holds is passed over, though its ports are still free.
-    first = gpi2.free_port_base(1, rng=random.Random(7))
-    assert gpi2.free_port_base(1, taken={first}, rng=random.Random(7)) != first
+    first = gpi2.free_port_base(1, rng=random.Random(7)).base
+    assert gpi2.free_port_base(1, taken={first}, rng=random.Random(7)).base != first
     # A port in use (here: socket 1's service port) makes the whole range busy. SO_REUSEADDR as
     # GPI-2 binds: a connection an earlier job left in TIME_WAIT on that port must not fail the
     # bind (it did once in CI, after the GPI-2 tests).
@@ -641,12 +641,39 @@ def test_gpi2_port_base_skips_taken_and_busy_ranges() -> None:
         busy.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         busy.bind(("", first + 256 + 1))
         busy.listen()
-        assert gpi2.free_port_base(2, rng=random.Random(7)) != first
+        assert gpi2.free_port_base(2, rng=random.Random(7)).base != first
         assert not gpi2.port_free(first + 256 + 1)
     with pytest.raises(LaunchError, match="at most 256"):
         gpi2.free_port_base(257)
     with pytest.raises(LaunchError, match="no free range of GPI-2 ports"):
         gpi2.free_port_base(1, taken=set(bases))
+
+
+def test_a_claimed_gpi2_port_base_is_passed_over_until_its_holder_lets_go() -> None:
+    """A base another process picked a moment ago, its ports not bound yet, is claimed: the
+    claim, not the free ports, must keep a second job off it, from any user and from tnt-comm."""
+    first = gpi2.free_port_base(2, rng=random.Random(11))
+    ports = [first.base + offset + s for offset in (0, 256, 512) for s in range(2)]
+    assert all(gpi2.port_free(p) for p in ports)  # nothing is bound: only the claim holds them
+    assert gpi2.PortClaim.take(first.base, 2) is None
+    # The names are the contract with tnt-comm's rank 0 (src/transport/gpi2_ports.hpp).
+    assert gpi2.claim_name(first.base + 257) == f"tnt-gpi2-ports:{first.base + 256}"
+    with socket.socket(socket.AF_UNIX) as other, pytest.raises(OSError):
+        other.bind("\0" + gpi2.claim_name(first.base + 512 + 1))
+    second = gpi2.free_port_base(2, rng=random.Random(11))
+    assert second.base != first.base
+    second.close()
+    # A claim is all or none: one block of a base held elsewhere leaves none of its others taken.
+    with socket.socket(socket.AF_UNIX) as block:
+        block.bind("\0" + gpi2.claim_name(second.base + 512))
+        assert gpi2.PortClaim.take(second.base, 2) is None
+        whole = gpi2.PortClaim.take(second.base + 8, 2)
+        assert whole is not None
+        whole.close()
+    assert gpi2.PortClaim.take(second.base, 2) is not None
+    # Released with its holder.
+    first.close()
+    assert gpi2.PortClaim.take(first.base, 2) is not None
 
 
 def test_gpi2_machinefile_is_written_private_and_removed_with_the_job(tmp_path: Path) -> None:
@@ -688,7 +715,7 @@ def test_running_jobs_hold_their_gpi2_port_base(tmp_path: Path) -> None:
     })
     assert jobs.gpi2_port_bases(registry) == {12288}
     for seed in range(40):
-        assert gpi2.free_port_base(1, jobs.gpi2_port_bases(registry), random.Random(seed)) != 12288
+        assert gpi2.free_port_base(1, jobs.gpi2_port_bases(registry), random.Random(seed)).base != 12288
 
 
 # ---------------------------------------------------------------------------------------------

@@ -280,7 +280,11 @@ std::string StoreClient::request(char op, const std::string& key, const std::str
   sock_.send_all(out.data(), out.size());
   if (!sock_.wait_readable(deadline)) throw Timeout("store request '" + key + "' timed out");
   std::uint32_t len = 0;
-  if (!sock_.recv_all(&len, 4)) throw Error("the rendezvous store (rank 0) closed the connection");
+  // The store lives in rank 0: closed, it says that rank 0 has left (failed, or ended early).
+  const auto rank_0_left = [] {
+    return PeerFailure(0, "rank 0 left the job: the rendezvous store it holds closed the connection");
+  };
+  if (!sock_.recv_all(&len, 4)) throw rank_0_left();
   if (len == kRefused) {
     std::uint32_t mlen = 0;
     std::string why = "no reason given";
@@ -297,7 +301,7 @@ std::string StoreClient::request(char op, const std::string& key, const std::str
                 " bytes, more than any value can be: is TNT_MASTER_PORT used by another service?");
   }
   std::string reply(len, '\0');
-  if (len > 0 && !sock_.recv_all(reply.data(), len)) throw Error("the rendezvous store closed");
+  if (len > 0 && !sock_.recv_all(reply.data(), len)) throw rank_0_left();
   return reply;
 }
 

@@ -3,11 +3,8 @@
 #ifdef TNT_COMM_HAVE_GPI2
 #include <GASPI.h>
 #include <GPI2_VERSION.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sched.h>
 #include <sys/resource.h>
-#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 #if defined(__x86_64__)
@@ -21,7 +18,7 @@
 #include <cstring>
 #include <filesystem>
 #include <future>
-#include <random>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -191,24 +188,13 @@ std::string prepare_environment(int rank, int size, const std::vector<std::strin
   return machinefile;
 }
 
-bool port_free(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
-  const int on = 1;
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);  // as GPI-2 binds
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<std::uint16_t>(port));
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
-  ::close(fd);
-  return ok;
-}
-
-// GPI-2 opens a few dozen sockets and descriptors of its own and only reports a bare error when it
-// cannot: say so when this process is close to its descriptor limit.
-std::string descriptor_hint() {
+// The descriptors this process may still open, and its limit; nullopt when unlimited or unknown.
+struct Descriptors {
+  std::size_t free, limit;
+};
+std::optional<Descriptors> descriptors() {
   rlimit limit{};
-  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return "";
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return std::nullopt;
   std::error_code ec;
   std::size_t open = 0;
   for (auto it = std::filesystem::directory_iterator("/proc/self/fd", ec);
@@ -217,12 +203,37 @@ std::string descriptor_hint() {
   }
   const auto limit_fds = static_cast<std::size_t>(limit.rlim_cur);
   // Counting needs a descriptor itself: with none left, that is the answer.
-  const bool none_left = ec && (ec.value() == EMFILE || ec.value() == ENFILE);
-  if ((ec && !none_left) || (!ec && open + 64 < limit_fds)) return "";
-  const std::size_t free_fds = none_left ? 0 : limit_fds - std::min(open, limit_fds);
-  return ": this process has " + std::to_string(free_fds) + " of its " + std::to_string(limit_fds) +
-         " file descriptors free, and GPI-2 needs a few dozen; raise the limit (ulimit -n) or close "
+  if (ec) {
+    if (ec.value() == EMFILE || ec.value() == ENFILE) return Descriptors{0, limit_fds};
+    return std::nullopt;
+  }
+  return Descriptors{limit_fds - std::min(open, limit_fds), limit_fds};
+}
+
+std::string short_of_descriptors(const Descriptors& d, const std::string& needed) {
+  return "this process has " + std::to_string(d.free) + " of its " + std::to_string(d.limit) +
+         " file descriptors free, and GPI-2 needs " + needed + "; raise the limit (ulimit -n) or close "
          "descriptors";
+}
+
+// GPI-2 opens a few dozen sockets and descriptors of its own and only reports a bare error when it
+// cannot: say so when this process is close to its descriptor limit.
+std::string descriptor_hint() {
+  const std::optional<Descriptors> d = descriptors();
+  if (!d || d->free > 64) return "";
+  return ": " + short_of_descriptors(*d, "a few dozen");
+}
+
+// GPI-2 short of descriptors as it starts may retry for many minutes (its Ethernet device connects
+// to itself with a fixed 1000 s timeout) rather than fail: refuse to start it that short. It opened
+// 30 + 3 per GPI-2 peer on rank 0, the most of any rank (GPI-2 1.6, Ethernet, jobs of 2 to 8 ranks
+// with every pair over GPI-2).
+void require_descriptors(std::size_t peers) {
+  const std::size_t needed = 40 + 4 * peers;
+  const std::optional<Descriptors> d = descriptors();
+  if (d && d->free < needed) {
+    throw Error("gpi2: GPI-2 cannot start: " + short_of_descriptors(*d, "about " + std::to_string(needed)));
+  }
 }
 
 void check(gaspi_return_t ret, const std::string& what) {
@@ -255,21 +266,14 @@ bool configure(const std::string& base) {
 
 }  // namespace
 
-int gpi2_free_port_base(int ranks) {
-  // Below the ephemeral ports (32768 and up), which any outgoing connection may take. A base may be
-  // any multiple of 8, tried from a random one: two jobs starting at the same moment, neither yet
-  // listening, then choose the same ports only by a 1 in ~2700 chance.
-  constexpr int kLow = 10240, kHigh = 32768 - 512 - 256, kStep = 8, kBases = (kHigh - kLow) / kStep;
-  const int start = static_cast<int>(std::random_device{}() % kBases);
-  for (int i = 0; i < kBases; ++i) {
-    const int base = kLow + ((start + i) % kBases) * kStep;
-    bool free = true;
-    for (int offset : {0, 256, 512}) {
-      for (int r = 0; r < ranks && free; ++r) free = port_free(base + offset + r);
-    }
-    if (free) return base;
+// GPI-2 opens a few dozen descriptors as it starts and, short of them, raises the soft limit to
+// the hard one itself, but only in some of its calls: raise it first, so none of them runs short.
+void raise_descriptor_limit() {
+  rlimit files{};
+  if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &files);
   }
-  throw Error("gpi2: no free ports between 10240 and 32767 for GPI-2 on this host");
 }
 
 // Runs a blocking GPI-2 call on a thread of its own while `watch` checks, every 50 ms, that the
@@ -291,16 +295,23 @@ std::unique_ptr<Gpi2Wire> Gpi2Wire::start_job(int rank, int size, int local_size
   // GPI-2 takes seconds to start on a loaded host: the start timeout (at least a minute unless
   // the user set TNT_START_TIMEOUT_S) covers it with the rest of the rendezvous.
   // GPI-2's ports: the job's TNT_GPI2_PORT_BASE (tnt-launch's or the user's), else a base rank 0
-  // finds free on its host, the same for every rank.
+  // finds free and unclaimed on its host, the same for every rank; rank 0 holds its claim on it
+  // while GPI-2 runs (gpi2_ports.hpp). The claim takes descriptors too: raise the limit first.
+  raise_descriptor_limit();
   const char* fixed_base = std::getenv("TNT_GPI2_PORT_BASE");
   std::string port_base = fixed_base != nullptr ? fixed_base : "";
+  PortClaim claim;
   if (port_base.empty()) {
     if (rank == 0) {
       const int here = static_cast<int>(std::count(hosts.begin(), hosts.end(), hosts[0]));
-      exchange.set("gpi2-port-base", std::to_string(gpi2_free_port_base(here)));
+      ChosenPortBase chosen = choose_gpi2_port_base(here);
+      claim = std::move(chosen.claim);
+      exchange.set("gpi2-port-base", std::to_string(chosen.base));
     }
     port_base = exchange.get("gpi2-port-base", deadline);
   }
+  // After the port base is out, so that the other ranks see this rank fail as GPI-2 starts.
+  require_descriptors(peers.size());
   const auto wait_for_key = [&](const std::string& key) {
     while (!exchange.has(key)) {
       watch();
@@ -308,6 +319,7 @@ std::unique_ptr<Gpi2Wire> Gpi2Wire::start_job(int rank, int size, int local_size
     }
   };
   auto wire = std::make_unique<Gpi2Wire>(rank, size, local_size, hosts, port_base, mine, deadline, watch);
+  wire->port_claim_ = std::move(claim);
   for (int r : peers) {
     if (r < rank) wire->connect(r, deadline, watch);
   }
@@ -325,13 +337,7 @@ Gpi2Wire::Gpi2Wire(int rank, int size, int local_size, const std::vector<std::st
                    const std::string& port_base, SegmentView mine, Deadline deadline,
                    const std::function<void()>& watch)
     : rank_(rank), mine_(mine), seen_(mine.layout.notes() + static_cast<std::size_t>(size), 0) {
-  // GPI-2 opens a few dozen descriptors as it starts and, short of them, raises the soft limit to
-  // the hard one itself, but only in some of its calls: raise it first, so none of them runs short.
-  rlimit files{};
-  if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
-    files.rlim_cur = files.rlim_max;
-    ::setrlimit(RLIMIT_NOFILE, &files);
-  }
+  raise_descriptor_limit();
   const std::string machinefile = prepare_environment(rank, size, hosts);
   const bool ethernet = configure(port_base);
   // Each rank keeps a driver and this poller busy, and over the Ethernet device also GPI-2's own

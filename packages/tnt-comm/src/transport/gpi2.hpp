@@ -18,6 +18,7 @@
 #include "common.hpp"
 #include "tnt_comm/types.hpp"
 #include "transport/exchange.hpp"
+#include "transport/gpi2_ports.hpp"
 #include "transport/link.hpp"
 #include "transport/segment.hpp"
 
@@ -29,8 +30,6 @@ struct Gpi2Build {
   std::string version, prefix, network;
 };
 Gpi2Build gpi2_build();
-// A base for GPI-2's ports free on this host for `ranks` ranks (used by rank 0 for the job).
-int gpi2_free_port_base(int ranks);
 
 // Declared in every build so the Fabric's layout never depends on the build; only a build with
 // GPI-2 defines more than its destructor.
@@ -95,6 +94,7 @@ class Gpi2Wire {
   std::vector<std::uint64_t> seen_;  // last value delivered per notification id
   std::function<void(int)> on_bye_;
   bool stopped_ = false;
+  PortClaim port_claim_;  // rank 0's claim on the ports it chose for the job, held while GPI-2 runs
 };
 
 class Gpi2Link final : public Link {

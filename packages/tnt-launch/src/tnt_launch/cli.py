@@ -425,20 +425,22 @@ def _finish(plan: Plan, placement: Placement, ssh: SshSettings, silent: Sequence
 
 def _identity(
     config: LaunchConfig, hosts: Sequence[Host], facts: Mapping[str, HostFacts], port: int
-) -> JobIdentity:
+) -> tuple[JobIdentity, gpi2.PortClaim | None]:
     """A new job id and token; for --transport gpi2 also the machinefile's path and a GPI-2 port
-    base that is free here and held by no other running job of this user."""
+    base that is free here, held by no other running job of this user and claimed by no one,
+    with the launcher's claim on it (kept until the job ends)."""
     job_id = secrets.token_hex(6)
     machinefile = None
-    port_base = None
+    claim = None
     if config.transport == "gpi2":
         # In the private registry folder, named by the job: its finish and --cleanup remove it.
         registry = jobs.registry_path(registry_override())
         machinefile = jobs.machinefile_path(registry, job_id)
         sockets = gpi2_sockets(config, hosts, facts, os.environ)
         if sockets:
-            port_base = gpi2.free_port_base(sockets, jobs.gpi2_port_bases(registry))
-    return JobIdentity(job_id, secrets.token_hex(16), port, port_base, machinefile)
+            claim = gpi2.free_port_base(sockets, jobs.gpi2_port_bases(registry))
+    port_base = None if claim is None else claim.base
+    return JobIdentity(job_id, secrets.token_hex(16), port, port_base, machinefile), claim
 
 
 def _stdout_is_tty() -> bool:
@@ -455,7 +457,7 @@ def launch(config: LaunchConfig) -> int:
     if not config.dry_run:
         _check_script(config, hosts)
     facts, port, assumed = _probe(config, placement, ssh)
-    identity = _identity(config, hosts, facts, port)
+    identity, port_claim = _identity(config, hosts, facts, port)
     cpus_per_task = placement.allocation.cpus_per_task if placement.allocation is not None else None
     plan = build_plan(
         config, hosts, facts, identity, os.environ, stdout_tty=_stdout_is_tty(),
@@ -510,6 +512,8 @@ def launch(config: LaunchConfig) -> int:
             jobs.remove_entry(entry)
             if plan.gpi2_machinefile is not None:
                 jobs.remove_entry(plan.gpi2_machinefile)
+            if port_claim is not None:
+                port_claim.close()
 
 
 def cleanup(config: LaunchConfig) -> int:

@@ -153,11 +153,70 @@ def port_free(port: int) -> bool:
     return True
 
 
+CLAIM_BLOCK = 8
+"""Ports per claim: a claim is one abstract Unix socket per block of 8 ports (see PortClaim)."""
+
+
+def claim_name(port: int) -> str:
+    """The abstract socket name that claims the block of ports holding `port`; tnt-comm's rank 0
+    claims the same names for a base it picks (src/transport/gpi2_ports.hpp)."""
+    return f"tnt-gpi2-ports:{port // CLAIM_BLOCK * CLAIM_BLOCK}"
+
+
+class PortClaim:
+    """A claim on every port of a GPI-2 port base, for the job that is to bind them.
+
+    A port that is free now may have been chosen a moment ago by a job whose ranks have not bound
+    it yet. Whoever picks a base (tnt-launch, or tnt-comm's rank 0 when the job has none) claims
+    it: it binds one abstract Unix socket per block of ports, which the kernel keeps for the whole
+    host (for its network namespace, the ports' own scope) until closed or its holder dies, and
+    passes over any base of which a block is claimed.
+    """
+
+    def __init__(self, base: int, held: list[socket.socket]) -> None:
+        self.base = base
+        self._held = held
+
+    @classmethod
+    def take(cls, base: int, sockets: int) -> PortClaim | None:
+        """Claims `base`'s ports for `sockets` ranks, all or none: None when another holds any."""
+        held: list[socket.socket] = []
+        for offset in PORT_OFFSETS:
+            first = base + offset
+            for block in range(first // CLAIM_BLOCK * CLAIM_BLOCK, first + sockets, CLAIM_BLOCK):
+                s = _claim_block(claim_name(block))
+                if s is None:
+                    for h in held:
+                        h.close()
+                    return None
+                held.append(s)
+        return cls(base, held)
+
+    def close(self) -> None:
+        for s in self._held:
+            s.close()
+        self._held = []
+
+
+def _claim_block(name: str) -> socket.socket | None:
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    except OSError as e:
+        raise LaunchError(f"--transport gpi2: no descriptor left to claim GPI-2's ports ({e.strerror})") from None
+    try:
+        s.bind("\0" + name)  # abstract: no file, gone with the socket
+    except OSError:
+        s.close()
+        return None
+    return s
+
+
 def free_port_base(
     sockets: int, taken: Collection[int] = (), rng: random.Random | None = None
-) -> int:
+) -> PortClaim:
     """A TNT_GPI2_PORT_BASE whose ports (base+offset+socket for every offset and every socket
-    below `sockets`) are free on this host now and that no job in `taken` holds.
+    below `sockets`) are free on this host now, that no job in `taken` holds and no one claims,
+    claimed for the caller, who keeps the claim until the job ends.
 
     Bases are multiples of 1024 in [10240, 31744], tried from a random one on, so that jobs
     starting at the same moment seldom try the same base first. Raises LaunchError when none is
@@ -174,8 +233,12 @@ def free_port_base(
         base = bases[(start + i) % len(bases)]
         if base in taken:
             continue
+        claim = PortClaim.take(base, sockets)
+        if claim is None:
+            continue
         if all(port_free(base + offset + s) for offset in PORT_OFFSETS for s in range(sockets)):
-            return base
+            return claim
+        claim.close()
     raise LaunchError(
         f"--transport gpi2: no free range of GPI-2 ports between {PORT_BASE_LOW} and "
         f"{PORT_BASE_HIGH + PORT_BASE_STEP - 1} on this host; set TNT_GPI2_PORT_BASE to a free one"
