@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -31,6 +32,19 @@ def _wait_for_reports(folder: str, size: int, timeout: float = 60) -> None:
     paths = [os.path.join(folder, f"rank-{r}.json") for r in range(size)]
     while not all(map(os.path.exists, paths)) and time.monotonic() < deadline:
         time.sleep(0.02)
+
+
+def _claimed(base: str | None) -> bool | None:
+    """Whether someone holds the claim on the first block of GPI-2 port base `base`: the abstract
+    socket name tnt-launch and tnt-comm bind for it (tnt_launch/gpi2.py)."""
+    if not base:
+        return None
+    with socket.socket(socket.AF_UNIX) as probe:
+        try:
+            probe.bind(f"\0tnt-gpi2-ports:{base}")
+        except OSError:
+            return True
+    return False
 
 
 def main() -> int:
@@ -77,6 +91,7 @@ def main() -> int:
     report = {
         "env": dict(os.environ),
         "machinefile": machinefile,
+        "gpi2_base_claimed": _claimed(os.environ.get("TNT_GPI2_PORT_BASE")),
         "argv": sys.argv[1:],
         "rest": rest,
         "cwd": os.getcwd(),

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from conftest import RANK, Launcher, assert_job_gone, read_reports
 
+from tnt_launch import gpi2
+
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("size", [1, 2, 4])
@@ -375,6 +377,11 @@ def test_a_gpi2_job_gets_its_machinefile_and_ports_and_leaves_nothing(
     assert got[0]["machinefile"] == "127.0.0.1\n" * 3
     base = int(first["TNT_GPI2_PORT_BASE"])
     assert 10240 <= base <= 31744 and base % 1024 == 0
+    # The launcher claimed the base for the job's life (tnt_launch/gpi2.py: PortClaim), and let go.
+    assert all(report["gpi2_base_claimed"] for report in got)
+    claim = gpi2.PortClaim.take(base, 3)
+    assert claim is not None
+    claim.close()
     for rank, report in enumerate(got):
         env = report["env"]
         assert (env["GASPI_RANK"], env["GASPI_SOCKET"], env["GASPI_NRANKS"]) == (
@@ -394,6 +401,7 @@ def test_a_gpi2_job_gets_its_machinefile_and_ports_and_leaves_nothing(
     got = read_reports(failed, 2)
     assert got[0]["machinefile"] == "127.0.0.1\n" * 2
     assert {r["env"]["TNT_GPI2_PORT_BASE"] for r in got} == {"20480"}
+    assert not any(r["gpi2_base_claimed"] for r in got)  # the user's base is the user's to keep apart
     assert not Path(got[0]["env"]["GASPI_MFILE"]).exists()
     assert list(registry.iterdir()) == []
 
