@@ -91,7 +91,8 @@ def main() -> int:
     report = {
         "env": dict(os.environ),
         "machinefile": machinefile,
-        "gpi2_base_claimed": _claimed(os.environ.get("TNT_GPI2_PORT_BASE")),
+        # Rank 0 only: two ranks probing one name at once would see each other's probe.
+        "gpi2_base_claimed": _claimed(os.environ.get("TNT_GPI2_PORT_BASE")) if rank == 0 else None,
         "argv": sys.argv[1:],
         "rest": rest,
         "cwd": os.getcwd(),

@@ -663,17 +663,21 @@ def test_a_claimed_gpi2_port_base_is_passed_over_until_its_holder_lets_go() -> N
     second = gpi2.free_port_base(2, rng=random.Random(11))
     assert second.base != first.base
     second.close()
-    # A claim is all or none: one block of a base held elsewhere leaves none of its others taken.
-    with socket.socket(socket.AF_UNIX) as block:
-        block.bind("\0" + gpi2.claim_name(second.base + 512))
-        assert gpi2.PortClaim.take(second.base, 2) is None
-        whole = gpi2.PortClaim.take(second.base + 8, 2)
-        assert whole is not None
-        whole.close()
-    assert gpi2.PortClaim.take(second.base, 2) is not None
-    # Released with its holder.
     first.close()
-    assert gpi2.PortClaim.take(first.base, 2) is not None
+    # A claim is all or none: a base one of whose blocks is held elsewhere is refused, and the
+    # blocks taken before that one are let go. Above the bases anyone picks (the highest block
+    # claimed is below 32768), so no job beside this test claims these blocks.
+    spare = 48000 + 8 * random.randrange(1000)  # test_local_runs.py sets 40960 as a user's base
+    with socket.socket(socket.AF_UNIX) as block:
+        block.bind("\0" + gpi2.claim_name(spare + 512))
+        assert gpi2.PortClaim.take(spare, 2) is None
+        # spare-256, spare and spare+256: free again after the refused claim.
+        whole = gpi2.PortClaim.take(spare - 256, 2)
+        assert whole is not None
+        # Held until let go.
+        assert gpi2.PortClaim.take(spare, 1) is None
+        whole.close()
+    assert gpi2.PortClaim.take(spare, 2) is not None
 
 
 def test_gpi2_machinefile_is_written_private_and_removed_with_the_job(tmp_path: Path) -> None:
