@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import math
 import os
@@ -678,6 +679,26 @@ def test_a_claimed_gpi2_port_base_is_passed_over_until_its_holder_lets_go() -> N
         assert gpi2.PortClaim.take(spare, 1) is None
         whole.close()
     assert gpi2.PortClaim.take(spare, 2) is not None
+
+
+def test_where_abstract_sockets_are_forbidden_bases_are_picked_by_free_ports_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A security policy may refuse abstract Unix sockets: a job must still start, as before the
+    claims, rather than fail for a claim it cannot make."""
+    real_socket = socket.socket
+
+    class Forbidden(real_socket):
+        def bind(self, address: object) -> None:
+            if self.family == socket.AF_UNIX:
+                raise PermissionError(errno.EACCES, "Permission denied")
+            super().bind(address)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(gpi2.socket, "socket", Forbidden)
+    claim = gpi2.free_port_base(2, rng=random.Random(5))
+    assert claim.base in range(10240, 31744 + 1, 1024)
+    assert all(gpi2.port_free(claim.base + offset + s) for offset in (0, 256, 512) for s in range(2))
+    claim.close()
 
 
 def test_gpi2_machinefile_is_written_private_and_removed_with_the_job(tmp_path: Path) -> None:

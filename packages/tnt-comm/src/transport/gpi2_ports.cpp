@@ -17,24 +17,25 @@ namespace {
 constexpr int kBlock = 8;
 constexpr int kOffsets[] = {0, 256, 512};
 
-// Binds the abstract socket `name`: false when someone else holds it.
+// Binds the abstract socket `name` into `out`: false when someone else holds it. Where this host
+// forbids abstract sockets (a security policy may), nothing can be claimed: true, `out` left empty,
+// and the job picks its ports as before the claims, by their being free.
 bool claim_block(const std::string& name, Socket& out) {
   Socket s(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!s.valid()) {
     const int error = errno;
-    throw Error("gpi2: no descriptor left to claim GPI-2's ports (" + std::string(std::strerror(error)) +
-                "): raise the limit (ulimit -n) or close descriptors");
+    if (error == EMFILE || error == ENFILE) {
+      throw Error("gpi2: no descriptor left to claim GPI-2's ports (" + std::string(std::strerror(error)) +
+                  "): raise the limit (ulimit -n) or close descriptors");
+    }
+    return true;
   }
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   // Abstract: the name starts with a NUL byte and is exactly as long as the length says.
   std::memcpy(addr.sun_path + 1, name.data(), name.size());
   const auto length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
-  if (::bind(s.fd(), reinterpret_cast<sockaddr*>(&addr), length) != 0) {
-    if (errno == EADDRINUSE) return false;
-    const int error = errno;
-    throw Error("gpi2: claiming GPI-2's ports (" + name + ") failed: " + std::strerror(error));
-  }
+  if (::bind(s.fd(), reinterpret_cast<sockaddr*>(&addr), length) != 0) return errno != EADDRINUSE;
   out = std::move(s);
   return true;
 }
@@ -63,9 +64,10 @@ PortClaim PortClaim::take(int base, int sockets) {
     for (int block = first / kBlock * kBlock; block <= last; block += kBlock) {
       Socket held;
       if (!claim_block(port_claim_name(block), held)) return PortClaim{};  // releases what it took
-      claim.blocks_.push_back(std::move(held));
+      if (held.valid()) claim.blocks_.push_back(std::move(held));
     }
   }
+  claim.granted_ = true;
   return claim;
 }
 

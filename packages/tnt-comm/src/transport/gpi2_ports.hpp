@@ -29,10 +29,11 @@ class PortClaim {
   // Claims the blocks of `base`'s ports for `sockets` ranks, all or none: held() is false when
   // another process holds any of them. Throws when this process has no descriptor to spare.
   static PortClaim take(int base, int sockets);
-  bool held() const { return !blocks_.empty(); }
+  bool held() const { return granted_; }
 
  private:
-  std::vector<Socket> blocks_;
+  std::vector<Socket> blocks_;  // none where the host forbids abstract sockets
+  bool granted_ = false;
 };
 
 // A base for `sockets` ranks whose ports are free on this host and claimed by no one, claimed for

@@ -11,6 +11,7 @@ So two jobs on one host need different bases.
 
 from __future__ import annotations
 
+import errno
 import random
 import socket
 from collections import Counter
@@ -189,7 +190,8 @@ class PortClaim:
                     for h in held:
                         h.close()
                     return None
-                held.append(s)
+                if isinstance(s, socket.socket):
+                    held.append(s)
         return cls(base, held)
 
     def close(self) -> None:
@@ -198,16 +200,26 @@ class PortClaim:
         self._held = []
 
 
-def _claim_block(name: str) -> socket.socket | None:
+_UNCLAIMABLE = object()
+"""What _claim_block gives where the host forbids abstract sockets (a security policy may): nothing
+can be claimed there, and bases are picked by their ports being free, as before the claims."""
+
+
+def _claim_block(name: str) -> socket.socket | object | None:
+    """The socket holding `name`, None when another holds it, or _UNCLAIMABLE."""
     try:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     except OSError as e:
-        raise LaunchError(f"--transport gpi2: no descriptor left to claim GPI-2's ports ({e.strerror})") from None
+        if e.errno in (errno.EMFILE, errno.ENFILE):
+            raise LaunchError(
+                f"--transport gpi2: no descriptor left to claim GPI-2's ports ({e.strerror})"
+            ) from None
+        return _UNCLAIMABLE
     try:
         s.bind("\0" + name)  # abstract: no file, gone with the socket
-    except OSError:
+    except OSError as e:
         s.close()
-        return None
+        return None if e.errno == errno.EADDRINUSE else _UNCLAIMABLE
     return s
 
 
