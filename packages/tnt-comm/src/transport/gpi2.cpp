@@ -337,7 +337,7 @@ Gpi2Wire::Gpi2Wire(int rank, int size, int local_size, const std::vector<std::st
                    const std::string& port_base, SegmentView mine, Deadline deadline,
                    const std::function<void()>& watch)
     : rank_(rank), mine_(mine), seen_(mine.layout.notes() + static_cast<std::size_t>(size), 0) {
-  raise_descriptor_limit();
+  // start_job, which makes every wire, raised the descriptor limit before it chose the ports.
   const std::string machinefile = prepare_environment(rank, size, hosts);
   const bool ethernet = configure(port_base);
   // Each rank keeps a driver and this poller busy, and over the Ethernet device also GPI-2's own

@@ -40,7 +40,8 @@ class Gpi2Wire {
   // the rendezvous); GPI-2's ports start at `port_base` (the job's TNT_GPI2_PORT_BASE, or rank 0's
   // choice: the same on every rank). GPI-2 can start once per process, as the runtime.
   // GPI-2 blocks in its start and never notices a dead peer: `watch` (tnt's own connections to
-  // every peer) runs every 50 ms meanwhile and throws to end the start, naming the peer.
+  // every peer) runs every 50 ms meanwhile and throws to end the start, naming the peer. Made by
+  // start_job, which also raises the descriptor limit first.
   Gpi2Wire(int rank, int size, int local_size, const std::vector<std::string>& hosts,
            const std::string& port_base, SegmentView mine, Deadline deadline,
            const std::function<void()>& watch);
