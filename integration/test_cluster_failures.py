@@ -31,6 +31,10 @@ while True:
             open(sys.argv[1], "w").close()
     if calls == 60 and tc.rank() == int(os.environ.get("KILL_RANK", "-1")):
         os.kill(os.getpid(), signal.SIGKILL)
+    if calls == 60 and tc.rank() == int(os.environ.get("RAISE_RANK", "-1")):
+        import atexit
+        atexit.register(time.sleep, 4)  # its exit comes after the others'
+        raise ValueError(f"planted on rank {tc.rank()}")
     time.sleep(0.01)
 """
 
@@ -64,14 +68,27 @@ def loop_job(
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("transport", TRANSPORTS)
-def test_rank_killed_on_another_host_ends_the_job(cluster: Cluster, transport: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("transport", "how"), [(t, "killed") for t in TRANSPORTS] + [(TRANSPORTS[0], "raised")])
+def test_rank_killed_on_another_host_ends_the_job(
+    cluster: Cluster, transport: str, how: str, tmp_path: Path
+) -> None:
+    """A rank on another host killed, or raising an exception (its exit held back, so that the
+    others' come first): the summary names it, with its error, through ssh."""
     shm_before = tnt_shm(cluster)
-    args = (*transport_args(transport), "--timeout", "30", "-x", "KILL_RANK=3")
+    planted = {"killed": "KILL_RANK=3", "raised": "RAISE_RANK=3"}[how]
+    args = (*transport_args(transport), "--timeout", "30", "-x", planted)
     with loop_job(cluster, tmp_path, *args) as (proc, script):
         _, err = proc.communicate(timeout=60)
-        assert proc.returncode != 0
-        assert "rank 3 (host 198.18.0.2, local rank 1) was killed by signal 9 (SIGKILL)" in err, err
+        where = "rank 3 (host 198.18.0.2, local rank 1)"
+        if how == "killed":
+            assert proc.returncode == 137, err
+            assert f"{where} was killed by signal 9 (SIGKILL)" in err, err
+        else:
+            assert proc.returncode == 1, err
+            assert re.search(
+                rf"^tnt-launch: job \w+ failed: {re.escape(where)} raised ValueError: planted on rank 3 \(", err, re.M
+            ), err
+            assert "    ValueError: planted on rank 3" in err.splitlines(), err
         assert_gone(cluster, str(script), shm_before, within=10)
 
 

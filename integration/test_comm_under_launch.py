@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import re
 import signal
@@ -175,3 +176,49 @@ def test_unbounded_timeout_under_launch(value: str) -> None:
     out = launch(["-n", "2", "--timeout", value, "--", "examples/allreduce.py"])
     assert out.returncode == 0, out.stderr
     assert "sum of ranks = 1" in out.stdout
+
+
+TIMELINE_SCRIPT = (
+    "import sys, numpy as np, tnt_comm as tc\n"
+    "for _ in range(3):\n"
+    "    tc.allreduce(np.ones(1000, np.float32))\n"
+    "if sys.argv[1] == 'write':\n"
+    "    tc.timeline_write()\n"
+)
+
+
+@pytest.mark.timeout(120)
+def test_timeline_of_a_job_of_tnt_comm_alone(tmp_path: Path) -> None:
+    """--timeline with a script of tnt-comm alone: the trace holds its collectives where it calls
+    tnt_comm.timeline_write(); where it does not, rank 0 says, once, that none was written and how."""
+    script = tmp_path / "sums.py"
+    script.write_text(TIMELINE_SCRIPT)
+    trace = tmp_path / "trace.json"
+    out = launch(["-n", "2", "--timeline", str(trace), "--", str(script), "write"])
+    assert out.returncode == 0, out.stderr
+    events = json.loads(trace.read_text())["traceEvents"]
+    for rank in (0, 1):
+        sums = [e for e in events if e.get("pid") == rank and e.get("name") == "allreduce" and e["ph"] == "b"]
+        assert len(sums) == 3 and all(e["args"]["bytes"] == 4000 for e in sums), sums
+    assert "no timeline was written" not in out.stderr
+
+    silent = tmp_path / "silent.json"
+    out = launch(["-n", "2", "--timeline", str(silent), "--", str(script), "no"])
+    assert out.returncode == 0, out.stderr
+    assert not silent.exists()
+    said = [line for line in out.stderr.splitlines() if "no timeline was written" in line]
+    assert len(said) == 1 and str(silent) in said[0] and "tnt_comm.timeline_write()" in said[0], out.stderr
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("where", ["missing-folder", "a-folder"])
+def test_a_timeline_that_cannot_be_written_is_refused_before_the_job_starts(where: str, tmp_path: Path) -> None:
+    script = tmp_path / "mark.py"
+    script.write_text("open(__import__('sys').argv[1], 'w').close()\n")
+    marker = tmp_path / "started"
+    target = tmp_path / "no" / "such" / "t.json" if where == "missing-folder" else tmp_path
+    out = launch(["-n", "2", "--timeline", str(target), "--", str(script), str(marker)])
+    assert out.returncode == 2, out.stderr
+    expected = "does not exist; create it first" if where == "missing-folder" else "is a folder"
+    assert out.stderr.startswith(f"tnt-launch: error: --timeline {target}: ") and expected in out.stderr, out.stderr
+    assert not marker.exists()

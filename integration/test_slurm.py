@@ -57,18 +57,22 @@ def _script(tmp_path: Path, name: str, code: str) -> Path:
     return path
 
 
-def crash_script(killed: int, say_started: bool = False) -> str:
-    """A job whose rank `killed` kills itself after one allreduce, while the others sum on; with
-    `say_started`, every rank first prints "rank R started"."""
+def crash_script(killed: int, say_started: bool = False, how: str = "killed") -> str:
+    """A job whose rank `killed` kills itself (`how` "killed") or raises ValueError, its exit held
+    back 4 s ("raised"), after one allreduce, while the others sum on; with `say_started`, every
+    rank first prints "rank R started"."""
     started = 'print(f"rank {tc.rank()} started", flush=True)' if say_started else ""
+    end = "os.kill(os.getpid(), signal.SIGKILL)"
+    if how == "raised":
+        end = 'atexit.register(time.sleep, 4); raise ValueError(f"planted on rank {tc.rank()}")'
     return textwrap.dedent(
         f"""\
-        import os, signal, numpy as np, tnt_comm as tc
+        import atexit, os, signal, time, numpy as np, tnt_comm as tc
         x = np.ones(1000, np.float32)
         tc.allreduce(x)
         {started}
         if tc.rank() == {killed}:
-            os.kill(os.getpid(), signal.SIGKILL)
+            {end}
         while True:
             tc.allreduce(x)
         """
@@ -84,23 +88,24 @@ def _processes_of(script: Path) -> list[dict]:
     return [p.info for p in psutil.process_iter(["pid", "cmdline"]) if str(script) in " ".join(p.info["cmdline"] or [])]
 
 
-def _kill_a_rank_under_tnt_launch(
-    slurm: Slurm, tmp_path: Path, salloc: list[str], killed: int, where: str, timeout: float
+def _fail_a_rank_under_tnt_launch(
+    slurm: Slurm, tmp_path: Path, salloc: list[str], killed: int, where: str, timeout: float, how: str = "killed"
 ) -> None:
-    """Runs crash_script(killed) under tnt-launch in `salloc`: the job ends with the rank's SIGKILL,
-    naming it (`where`: a pattern of its host and local rank), and leaves no registry entry and no
-    process of the job behind."""
-    script = _script(tmp_path, "crash.py", crash_script(killed))
+    """Runs crash_script(killed, how=how) under tnt-launch in `salloc`: the job ends with the rank's
+    SIGKILL or its exception, naming it (`where`: a pattern of its host and local rank), and leaves
+    no registry entry and no process of the job behind."""
+    script = _script(tmp_path, "crash.py", crash_script(killed, how=how))
     registry = tmp_path / "registry"
     done = slurm.run(
         [*salloc, *LAUNCH, "--", str(script)],
         timeout=timeout,
         env={"TNT_LAUNCH_REGISTRY": str(registry), "TNT_TIMEOUT_S": "20"},
     )
-    assert done.returncode == 137, done.stderr[-3000:]
-    assert re.search(rf"job \w+ failed: rank {killed} \({where}\) was killed by signal 9", done.stderr), (
-        done.stderr[-3000:]
-    )
+    ended = "was killed by signal 9" if how == "killed" else rf"raised ValueError: planted on rank {killed} \("
+    assert done.returncode == (137 if how == "killed" else 1), done.stderr[-3000:]
+    assert re.search(rf"job \w+ failed: rank {killed} \({where}\) {ended}", done.stderr), done.stderr[-3000:]
+    if how == "raised":
+        assert f"    ValueError: planted on rank {killed}" in done.stderr.splitlines(), done.stderr[-3000:]
     assert not [f for f in os.listdir(registry) if f.endswith(".json")], os.listdir(registry)
     assert not _processes_of(script), _processes_of(script)
 
@@ -171,9 +176,12 @@ def test_tnt_launch_in_an_allocation_starts_the_ranks_with_srun(slurm: Slurm, tm
 
 
 @pytest.mark.timeout(120)
-def test_a_rank_killed_under_tnt_launch_over_srun_ends_the_job_named(slurm: Slurm, tmp_path: Path) -> None:
+def test_a_rank_that_raises_under_tnt_launch_over_srun_ends_the_job_named(slurm: Slurm, tmp_path: Path) -> None:
+    # Its error and traceback reach the summary through the srun step, though the others exit first
+    # (a killed rank on the second node: below).
     before = _tnt_segments()
-    _kill_a_rank_under_tnt_launch(slurm, tmp_path, ["salloc", "-n", "3"], 1, r"host \S+, local rank 1", timeout=90)
+    where = r"host \S+, local rank 1"
+    _fail_a_rank_under_tnt_launch(slurm, tmp_path, ["salloc", "-n", "3"], 1, where, timeout=90, how="raised")
     # Nothing left of tnt-comm's shared memory either.
     assert not {f for f in os.listdir("/dev/shm") if f.startswith("tnt-")} - before - _tnt_segments()
 
@@ -246,7 +254,7 @@ def test_two_nodes_under_plain_srun_and_tnt_launch(two_nodes: tuple[Slurm, Clust
 @pytest.mark.timeout(180)
 def test_a_rank_killed_on_the_second_node_ends_the_job(two_nodes: tuple[Slurm, Cluster], tmp_path: Path) -> None:
     slurm, hosts = two_nodes
-    _kill_a_rank_under_tnt_launch(
+    _fail_a_rank_under_tnt_launch(
         slurm, tmp_path, ["salloc", "-N", "2", "-n", "4"], 3, "host tntnode1, local rank 1", timeout=120
     )
     # Nothing left of tnt-comm's shared memory on either node.

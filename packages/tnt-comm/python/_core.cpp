@@ -136,6 +136,7 @@ PYBIND11_MODULE(_core, m) {
       exc.attr("call") = d.call < 0 ? py::none() : py::object(py::int_(d.call));
       exc.attr("mine") = d.mine.empty() ? py::none() : py::object(py::str(d.mine));
       exc.attr("theirs") = d.theirs.empty() ? py::none() : py::object(py::str(d.theirs));
+      exc.attr("peer_error") = d.peer_error.empty() ? py::none() : py::object(py::str(d.peer_error));
       PyErr_SetObject(type.ptr(), exc.ptr());
       return exc;
     };
@@ -156,6 +157,8 @@ PYBIND11_MODULE(_core, m) {
 
   m.def("init", [] { tnt::Runtime::init(); }, py::call_guard<py::gil_scoped_release>());
   m.def("finalize", [] { tnt::Runtime::finalize(); }, py::call_guard<py::gil_scoped_release>());
+  m.def("abandon", [](const std::string& error) { tnt::Runtime::abandon(error); },
+        py::call_guard<py::gil_scoped_release>());
   m.def("is_initialized", [] { return tnt::Runtime::get() != nullptr; });
   // The timeline (tnt_comm/timeline.hpp): switched on and off, and its events taken, as tuples
   // (name, group, call, bytes, submitted_ns, started_ns, ended_ns, blocking, failed, algorithm,
@@ -348,5 +351,5 @@ PYBIND11_MODULE(_core, m) {
       });
 
   // The C ABI table for other native extensions (see c_api.h).
-  m.attr("_C_API") = py::capsule(const_cast<tnt_comm_api_v2*>(tnt_comm_api()), TNT_COMM_C_API_CAPSULE);
+  m.attr("_C_API") = py::capsule(const_cast<tnt_comm_api_v3*>(tnt_comm_api()), TNT_COMM_C_API_CAPSULE);
 }

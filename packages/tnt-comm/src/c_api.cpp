@@ -24,6 +24,7 @@ class CError {
       operation_ = d.operation;
       mine_ = d.mine;
       theirs_ = d.theirs;
+      peer_error_ = d.peer_error;
       view_.group = d.group;
       view_.call = d.call;
     }
@@ -33,6 +34,7 @@ class CError {
     view_.operation = operation_.c_str();
     view_.mine = mine_.c_str();
     view_.theirs = theirs_.c_str();
+    view_.peer_error = peer_error_.c_str();
   }
   CError(const CError&) = delete;
   CError& operator=(const CError&) = delete;
@@ -48,7 +50,7 @@ class CError {
     return TNT_COMM_OTHER;
   }
 
-  std::string message_, operation_, mine_, theirs_;
+  std::string message_, operation_, mine_, theirs_, peer_error_;
   std::vector<int32_t> ranks_;
   tnt_comm_error view_{};
 };
@@ -187,17 +189,17 @@ int api_fused_allreduce(uint64_t group, uint32_t n, const void* const* srcs, con
 
 const tnt_comm_error* api_last_error() {
   if (!t_last_error) {
-    static const tnt_comm_error kNone = {TNT_COMM_ERROR, "no error", nullptr, 0, "", 0, -1, "", ""};
+    static const tnt_comm_error kNone = {TNT_COMM_ERROR, "no error", nullptr, 0, "", 0, -1, "", "", ""};
     return &kNone;
   }
   return t_last_error->view();
 }
 
-const tnt_comm_api_v2 kTable = {TNT_COMM_C_API_VERSION, api_rank,       api_size,
+const tnt_comm_api_v3 kTable = {TNT_COMM_C_API_VERSION, api_rank,       api_size,
                                 api_allreduce,          api_broadcast,  api_last_error,
                                 api_alloc_shared,       api_free_shared, api_fused_layout,
                                 api_fused_allreduce};
 
 }  // namespace
 
-extern "C" const tnt_comm_api_v2* tnt_comm_api(void) { return &kTable; }
+extern "C" const tnt_comm_api_v3* tnt_comm_api(void) { return &kTable; }

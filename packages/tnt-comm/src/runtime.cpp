@@ -115,6 +115,20 @@ void Runtime::finalize() {
   runtime->settle();
 }
 
+void Runtime::abandon(const std::string& error) {
+  std::shared_ptr<Runtime> runtime;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    runtime = g_runtime;
+  }
+  if (!runtime || runtime->fabric_->failed()) return;
+  ErrorDetail detail;
+  detail.ranks = {runtime->rank()};
+  detail.peer_error = error;
+  runtime->fabric_->fail(FailureKind::peer, std::move(detail),
+                         "rank " + std::to_string(runtime->rank()) + " failed (" + error + ")", true);
+}
+
 // A collective completes on this rank once it has what it needs, which may be before its peers
 // have what this rank sent them: over TCP or GPI-2 those bytes can still sit in this host's socket
 // buffers. A process that exited then could lose them (a socket closed with unread data is reset,

@@ -1,4 +1,4 @@
-"""tnt-comm's C ABI (include/tnt_comm/c_api.h, version 2) through ctypes, as a native extension
+"""tnt-comm's C ABI (include/tnt_comm/c_api.h, version 3) through ctypes, as a native extension
 sees it: the table from the capsule, and errors as data."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ class Error(ctypes.Structure):
         ("call", ctypes.c_int64),
         ("mine", ctypes.c_char_p),
         ("theirs", ctypes.c_char_p),
+        ("peer_error", ctypes.c_char_p),
     ]
 
     def data(self) -> dict[str, Any]:
@@ -36,6 +37,7 @@ class Error(ctypes.Structure):
             "call": self.call,
             "mine": self.mine.decode(),
             "theirs": self.theirs.decode(),
+            "peer_error": self.peer_error.decode(),
         }
 
 

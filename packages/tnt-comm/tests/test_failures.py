@@ -320,6 +320,54 @@ except tc.PeerFailure as e:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("when", ["in-flight", "between-calls"])
+def test_rank_that_raises_tells_the_others_what_it_raised(when: str, tmp_path: Path) -> None:
+    # Rank 1 of 3 raises an ordinary exception: the others' calls fail at once with a PeerFailure that
+    # names it and quotes its error, and says what they were doing, instead of calling it a rank
+    # that "finalized" and "made fewer calls". Its exit is held back (an exit handler that sleeps),
+    # so the others learn it from its words, not from its exit. "in-flight": the others are already
+    # in the allreduce rank 1 never joins; "between-calls": they start it after rank 1 has told them.
+    code = f"""
+import atexit, time, numpy as np, tnt_comm as tc
+x = np.ones(1000, np.float32)
+tc.allreduce(x)
+if tc.rank() == 1:
+    if "{when}" == "between-calls":
+        tc.barrier()
+    else:
+        time.sleep(0.3)
+    atexit.register(time.sleep, 8)
+    raise ValueError("bad row 17 in shard 1\\nsecond line")
+if "{when}" == "between-calls":
+    tc.barrier()
+    time.sleep(1.0)
+t = time.monotonic()
+try:
+    tc.allreduce(x)
+except tc.PeerFailure as e:
+    print("PEER", round(time.monotonic() - t, 2), e.ranks, repr(e.peer_error), e.operation, e.call)
+    print(e)
+"""
+    job = Job(3, code, tmp_path, env={"TNT_TIMEOUT_S": "60"})
+    results = job.wait(50)
+    raiser = results[1]
+    assert raiser.returncode == 1 and "ValueError: bad row 17 in shard 1" in raiser.stderr, raiser.stderr[-2000:]
+    for res in (results[0], results[2]):
+        first, sentence = res.stdout.splitlines()[:2]
+        words = first.split()
+        # Well before rank 1's exit (8 s after its error): its words, not its exit, told them.
+        assert words[0] == "PEER" and float(words[1]) < 6, (res.rank, res.stdout, res.stderr[-2000:])
+        call = 1 if when == "in-flight" else 2  # the barrier was call #1
+        assert first.endswith(f"[1] 'ValueError: bad row 17 in shard 1 ...' allreduce {call}"), first
+        assert sentence.startswith(
+            f"rank 1 failed (ValueError: bad row 17 in shard 1 ...) while rank {res.rank} was in "
+            f"allreduce(float32, sum, count=1000), call #{call} of group"
+        ), sentence
+        assert "finalized" not in res.stdout and "made fewer" not in res.stdout
+    assert not job.shm_leftovers()
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("how", ["stopped", "elsewhere"])
 def test_timeout_names_the_rank_that_made_no_progress(how: str, tmp_path: Path) -> None:
     # Rank 1 of 3 holds the job up: stopped by SIGSTOP, or busy elsewhere in its program. The

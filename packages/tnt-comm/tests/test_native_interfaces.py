@@ -59,7 +59,7 @@ def test_find_package_from_cmake(tmp_path: Path) -> None:
 
 def test_c_abi_capsule() -> None:
     api = c_abi.table()
-    assert api.version == 2 and api.size() == tnt_comm.size() and api.rank() == tnt_comm.rank()
+    assert api.version == 3 and api.size() == tnt_comm.size() and api.rank() == tnt_comm.rank()
     results, done = c_abi.recorder()
     x = np.arange(8, dtype=np.float32)
     y = np.empty_like(x)

@@ -77,3 +77,9 @@ def test_a_trace_of_both_ranks_steps_and_collectives(backend: str, tmp_path: Pat
     again = json.loads(second.read_text())["traceEvents"]
     assert [e["args"]["epoch"] for e in spans(again, 0, "epoch")] == [0]
     assert not spans(again, 0, "save")
+    # The third, whose folder never existed: rank 0 warned at the end of fit, after the save and at
+    # stop(), and the job went on (run() checks it ended well) and saved.
+    third = result.out_dir / "gone" / "third.json"
+    warned = [ln for ln in result.output.splitlines() if f"could not write the timeline to {third}" in ln]
+    assert len(warned) == 3 and all(ln.startswith("[tnt WARNING rank 0] ") for ln in warned), result.output[-3000:]
+    assert (result.out_dir / "after.weights.h5").exists()

@@ -47,12 +47,44 @@ def _claimed(base: str | None) -> bool | None:
     return False
 
 
+def _report_error(error: dict) -> None:
+    """What tnt-comm writes to the launcher's report pipe for the exception a rank ends with."""
+    fd = int(os.environ["TNT_REPORT_FD"])
+    os.write(fd, (json.dumps({"event": "error", "error": error}) + "\n").encode())
+
+
+def _raise_late(rank: int, culprit: int, silent: bool, code: int) -> int:
+    """The order tnt-launch must see through: every other rank reports a PeerFailure that names
+    `culprit` and exits at once; `culprit` speaks half a second later (its report of a ValueError,
+    and its traceback's last line) and exits 3 s after that (an exit handler, say). With `silent`, it
+    reports nothing and exits with `code` after the half second."""
+    if rank != culprit:
+        _report_error({"kind": "PeerFailure", "message": f"rank {culprit} failed (ValueError: planted)",
+                       "ranks": [culprit], "operation": "allreduce", "peer_error": "ValueError: planted"})
+        print(f"rank {rank} lost rank {culprit}", file=sys.stderr)
+        return 1
+    time.sleep(0.5)
+    if silent:
+        print(f"rank {rank} exits with code {code}", file=sys.stderr)
+        return code
+    _report_error({"kind": "ValueError", "message": f"planted on rank {rank}\nsecond line", "ranks": []})
+    print(f"ValueError: planted on rank {rank}", file=sys.stderr)
+    sys.stderr.flush()
+    time.sleep(3)
+    return 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("report_dir")
     parser.add_argument("--fail-rank", type=int, default=-1)
     parser.add_argument("--code", type=int, default=3)
     parser.add_argument("--kill-rank", type=int, default=-1)
+    parser.add_argument("--raise-rank", type=int, default=-1,
+                        help="this rank fails on its own, the others (reporting a PeerFailure that names it) "
+                             "exit first; see _raise_late")
+    parser.add_argument("--silent", action="store_true",
+                        help="with --raise-rank: the failing rank reports nothing and exits with --code")
     parser.add_argument("--sleep", type=float, default=0.0)
     parser.add_argument("--sleep-rank", type=int, default=-1, help="only this rank sleeps")
     parser.add_argument("--ignore-sigterm", action="store_true")
@@ -116,6 +148,9 @@ def main() -> int:
         sys.stderr.write(f"progress of rank {rank}: 50%\r")
         sys.stderr.flush()
 
+    if args.raise_rank >= 0:
+        _wait_for_reports(args.report_dir, int(os.environ["TNT_SIZE"]))
+        return _raise_late(rank, args.raise_rank, args.silent, args.code)
     if rank in (args.kill_rank, args.fail_rank):
         # The tests read every rank's report after the job ends: a rank that ends the job first
         # waits for the others' (on a loaded machine a rank may take seconds to start).

@@ -57,6 +57,43 @@ def test_a_rank_killed_by_a_signal_fails_the_job(launcher: Launcher, reports: Pa
     assert_job_gone(got[0]["env"]["TNT_JOB_ID"], _pids(got))
 
 
+@pytest.mark.timeout(60)
+def test_the_rank_that_raised_is_named_though_the_others_exit_first(launcher: Launcher, reports: Path) -> None:
+    # Ranks 0 and 2 report a PeerFailure naming rank 1 and exit at once; rank 1 reports its own
+    # ValueError half a second later and would exit 3 s after that. The summary names rank 1, with
+    # its error and its last lines; its exit was cut short by the stop, so the job's code is 1.
+    done = launcher.run(["-n", "3", "--no-gpu", "--", RANK, str(reports), "--raise-rank", "1"])
+    assert done.returncode == 1, done.stderr
+    job_id = read_reports(reports, 3)[0]["env"]["TNT_JOB_ID"]
+    lines = done.stderr.splitlines()
+    where = "rank 1 (host localhost, local rank 1)"
+    raised = "raised ValueError: planted on rank 1 ..."
+    assert f"tnt-launch: {where} {raised} and is exiting; stopping the job" in lines, done.stderr
+    summary = lines.index(f"tnt-launch: job {job_id} failed: {where} {raised} (stopped by tnt-launch while exiting)")
+    assert lines[summary + 1:] == [
+        "tnt-launch: last lines rank 1 wrote to stderr:",
+        "    stderr line of rank 1",
+        "    ValueError: planted on rank 1",
+        "tnt-launch: rank 0, rank 2 failed as a consequence (PeerFailure)",
+        "tnt-launch: exit code 1",
+    ], done.stderr
+    assert_job_gone(job_id, _pids(read_reports(reports, 3)))
+
+
+@pytest.mark.timeout(60)
+def test_a_rank_that_says_nothing_is_named_by_its_exit(launcher: Launcher, reports: Path) -> None:
+    # As above, but rank 1 reports nothing (no tnt-comm in it) and exits with code 5 after the others:
+    # the PeerFailures that name it keep the job waiting for its exit, which then names it.
+    done = launcher.run(["-n", "3", "--no-gpu", "--", RANK, str(reports), "--raise-rank", "1", "--silent",
+                         "--code", "5"])
+    assert done.returncode == 5, done.stderr
+    job_id = read_reports(reports, 3)[0]["env"]["TNT_JOB_ID"]
+    assert f"tnt-launch: job {job_id} failed: rank 1 (host localhost, local rank 1) exited with code 5" in (
+        done.stderr.splitlines()
+    ), done.stderr
+    assert "    rank 1 exits with code 5" in done.stderr.splitlines()
+
+
 def _start_and_wait(launcher: Launcher, reports: Path, size: int,
                     *extra: str) -> tuple[subprocess.Popen[str], list[dict], list[int]]:
     # In a session of its own, like a command started from a terminal.

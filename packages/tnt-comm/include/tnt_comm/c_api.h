@@ -12,7 +12,7 @@
 extern "C" {
 #endif
 
-#define TNT_COMM_C_API_VERSION 2
+#define TNT_COMM_C_API_VERSION 3
 #define TNT_COMM_C_API_CAPSULE "tnt_comm._C_API"
 
 /* Element types (tnt::DType takes its values from here). Never renumbered. */
@@ -51,13 +51,15 @@ typedef struct tnt_comm_error {
   int64_t call;          /* that call's number on its group; -1 outside a call */
   const char* mine;      /* mismatches: this rank's call, described; "" otherwise */
   const char* theirs;    /* mismatches: the blamed rank's call, described; "" otherwise */
+  const char* peer_error; /* peer failures: what the blamed rank said it failed with as it left
+                           * ("ValueError: ..."); "" where it said nothing (killed, or no error) */
 } tnt_comm_error;
 
 /* Called once per operation, from the progress thread; `error` is NULL on success. Must not
  * block. */
 typedef void (*tnt_comm_done_fn)(void* ctx, const tnt_comm_error* error);
 
-typedef struct tnt_comm_api_v2 {
+typedef struct tnt_comm_api_v3 {
   uint32_t version; /* TNT_COMM_C_API_VERSION */
   int (*rank)(void);
   int (*size)(void);
@@ -92,11 +94,11 @@ typedef struct tnt_comm_api_v2 {
   int (*fused_allreduce_async)(uint64_t group, uint32_t n, const void* const* srcs, const uint64_t* counts,
                                void* dst, int32_t dtype, int32_t op, const float* scale, tnt_comm_done_fn done,
                                void* ctx);
-} tnt_comm_api_v2;
+} tnt_comm_api_v3;
 
 /* Returns the table. The runtime initialises from the environment on the first call that needs
  * it; a failure there is reported like any other (nonzero return, last_error). */
-const tnt_comm_api_v2* tnt_comm_api(void);
+const tnt_comm_api_v3* tnt_comm_api(void);
 
 #ifdef __cplusplus
 }

@@ -30,6 +30,12 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   // sent them (or have left too; at most the collective timeout) and tears everything down. Groups,
   // Work handles and FusedAllreduce objects kept beyond it raise Error instead of touching freed state.
   static void finalize();
+  // For a rank about to exit because of an error of its own (an uncaught exception, described as
+  // `error`, e.g. "ValueError: ..."): every peer's pending and later calls fail at once with a
+  // PeerFailure that names this rank and quotes `error`, instead of waiting for it or taking its
+  // exit for a goodbye. This rank's own later calls fail too; finalize() then says no goodbye.
+  // Does nothing where the runtime does not run or has failed already.
+  static void abandon(const std::string& error);
 
   ~Runtime();
   Runtime(const Runtime&) = delete;

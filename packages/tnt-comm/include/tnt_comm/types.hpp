@@ -44,6 +44,9 @@ struct ErrorDetail {
   std::uint64_t group = 0;   // that call's group id (Group::id); 0 outside a call
   std::int64_t call = -1;    // that call's number on its group, from 0; -1 outside a call
   std::string mine, theirs;  // mismatches: this rank's call and the blamed rank's, described
+  // A peer's failure: what the blamed rank said it failed with as it left ("ValueError: ..."); empty
+  // where it said nothing (it was killed, or left without an error of its own).
+  std::string peer_error;
 };
 
 // Base of every error the library raises.

@@ -18,15 +18,16 @@ optional ``group`` (see ``new_group``); non-blocking forms are prefixed ``i`` an
 from __future__ import annotations
 
 import atexit
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from . import _core
+from . import _core, _trace
 from ._buffers import OP_CODES, as_array, dtype_code, op_code
-from ._errors import error_data, error_from_data, install_report_hook
+from ._errors import error_data, error_from_data, install_exit_hook
 
 __all__ = [
     "CollectiveMismatch",
@@ -69,6 +70,7 @@ __all__ = [
     "timeline_now_ns",
     "timeline_start",
     "timeline_stop",
+    "timeline_write",
     "transports",
     "world",
 ]
@@ -87,12 +89,13 @@ Timeout = _core.Timeout
 #   group      that call's group id (Group.id), or None
 #   call       that call's number on its group, from 0, or None
 #   mine, theirs  for a mismatch: this rank's call and the blamed rank's, described; else None
+#   peer_error the error a failed peer said it left with ("ValueError: ..."), or None
 for _type in (TntError, _core.InvalidArgument):
     _type.ranks = ()
-    _type.operation = _type.group = _type.call = _type.mine = _type.theirs = None
+    _type.operation = _type.group = _type.call = _type.mine = _type.theirs = _type.peer_error = None
 PeerFailure.rank = None  # the first of ``ranks``, kept for older callers
 
-install_report_hook()  # a rank under tnt-launch reports the error it ends with, as data
+install_exit_hook()  # a rank reports the error it ends with (to tnt-launch), then tells its peers
 
 _finalizer_registered = False
 
@@ -147,36 +150,50 @@ def transports() -> list[str]:
     return list(_core.transports())
 
 
-# "algorithm": how an allreduce ran ("direct", "host-aware", ...; "" where there is no choice);
-# "phases": its parts that run one after another, as (name, begin_ns), each ending where the next
-# begins and the last at "ended_ns" (empty where the algorithm runs as one piece).
-_TIMELINE_FIELDS = (
-    "name", "group", "call", "bytes", "submitted_ns", "started_ns", "ended_ns", "blocking", "failed", "algorithm",
-    "phases",
-)
-
-
-def timeline_start() -> None:
+def timeline_start(path: str | os.PathLike[str] | None = None) -> None:
     """Record every operation from now on: when it was submitted, taken in by the engine (behind
     the operations before it) and completed, with its bytes; and every wait of a caller blocked on a
-    non-blocking operation (name "wait"). Times are of the steady clock, as ``time.monotonic_ns()``."""
-    _core.timeline_set(True)
+    non-blocking operation (name "wait"). Times are of the steady clock, as ``time.monotonic_ns()``.
+    ``path`` is where ``timeline_write`` puts the trace (TNT_TIMELINE, which ``tnt-launch --timeline
+    FILE`` sets, starts the timeline at import, with that path)."""
+    _trace.start(path)
 
 
 def timeline_events() -> list[dict[str, Any]]:
-    """The events recorded since the last call (oldest first), as dicts of ``_TIMELINE_FIELDS``."""
-    return [dict(zip(_TIMELINE_FIELDS, event, strict=True)) for event in _core.timeline_take()]
+    """The events recorded since the last call (oldest first), as dicts of their fields (name, group,
+    call, bytes, submitted_ns, started_ns, ended_ns, blocking, failed, algorithm, phases). Events
+    taken here are not in the trace ``timeline_write`` writes."""
+    return _trace.events()
 
 
 def timeline_stop() -> list[dict[str, Any]]:
     """Stop recording; the events not taken yet."""
-    _core.timeline_set(False)
-    return timeline_events()
+    return _trace.stop()
+
+
+def timeline_write() -> None:
+    """Collective (call it on every rank): rank 0 writes the job's trace, every rank's collectives
+    since the timeline started, to the path of ``timeline_start`` or TNT_TIMELINE (``tnt-launch
+    --timeline FILE``), in Chrome's trace-event JSON (Perfetto opens it). Raises OSError on rank 0
+    where the file cannot be written; does nothing where the timeline is off. tnt-keras writes the
+    trace itself (at the end of ``fit``, ...): only a script of tnt-comm alone needs this."""
+    _trace.write(rank(), size())
 
 
 def timeline_now_ns() -> int:
     """The clock of the timeline's events, in nanoseconds."""
     return int(_core.timeline_now_ns())
+
+
+def _rank_without_starting() -> int:
+    """This rank, from the runtime where it ran, else from the environment: never starts it."""
+    if _identity_cache:
+        return int(_identity_cache["rank"])
+    return int(os.environ.get("TNT_RANK") or os.environ.get("SLURM_PROCID") or 0)
+
+
+_trace.start_from_environment()  # TNT_TIMELINE=FILE: record from the start
+atexit.register(_trace.say_if_unwritten, _rank_without_starting)
 
 
 def build_info() -> dict[str, Any]:

@@ -22,12 +22,14 @@ _BY_CODE: dict[int, type[Exception]] = {
     5: _core.InvalidArgument,
 }
 _BY_NAME = {cls.__name__: cls for cls in _BY_CODE.values()}
-FIELDS = ("ranks", "operation", "group", "call", "mine", "theirs")
+FIELDS = ("ranks", "operation", "group", "call", "mine", "theirs", "peer_error")
 
 
 def error_data(error: BaseException) -> dict[str, Any]:
     """The data of a tnt-comm error: ``{"kind": "PeerFailure", "message": ..., "ranks": [2],
-    "operation": "allreduce", "group": ..., "call": 4, "mine": None, "theirs": None}``."""
+    "operation": "allreduce", "group": ..., "call": 4, "mine": None, "theirs": None, "peer_error":
+    "ValueError: ..."}``. Of any other exception: its class's name and message, and the same fields
+    where it has them (an error that reports other ranks' failures names them in ``ranks``)."""
     data: dict[str, Any] = {"kind": type(error).__name__, "message": str(error)}
     for name in FIELDS:
         value = getattr(error, name, None)
@@ -43,7 +45,7 @@ def error_from_data(data: dict[str, Any], message: str | None = None) -> Excepti
     cls = _BY_CODE.get(kind, _core.TntError) if isinstance(kind, int) else _BY_NAME.get(str(kind), _core.TntError)
     error = cls(message if message is not None else data.get("message", ""))
     error.ranks = [int(r) for r in data.get("ranks") or ()]
-    for name in ("operation", "mine", "theirs"):
+    for name in ("operation", "mine", "theirs", "peer_error"):
         setattr(error, name, data.get(name) or None)
     for name in ("group", "call"):
         value = data.get(name)
@@ -57,32 +59,55 @@ REPORT_FD = "TNT_REPORT_FD"
 """The environment variable through which a launcher (tnt-launch's agent) hands a rank the file
 descriptor where the rank reports the exception it ends with, as data: one JSON line
 ``{"event": "error", "error": error_data(e)}``. The launcher blames ranks from these reports."""
+_MAX_REPORTED = 4000  # characters of an exception's message in a report (a line of the agent's pipe)
+_MAX_TOLD = 500  # characters of the error a leaving rank tells its peers
 
 
-def install_report_hook() -> None:
-    """Under a launcher that asks for it (``TNT_REPORT_FD``), report an uncaught exception before
-    Python prints it; the previous hook then prints it as before.
+def told_error(error: BaseException) -> str:
+    """What a rank that leaves because of ``error`` tells its peers: the class and the first line of
+    the message ("ValueError: no such file"), short; the traceback stays in the rank's own output."""
+    lines = str(error).strip().splitlines()
+    text = lines[0] if lines else ""
+    if len(text) > _MAX_TOLD or len(lines) > 1:
+        text = text[:_MAX_TOLD] + " ..."
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
-    The variable is taken out of the environment, and only this process reports: a child (forked,
-    or started with the environment) must not write to a descriptor that is not its rank's pipe.
+
+def install_exit_hook() -> None:
+    """What this process does with an uncaught exception it is about to end with, before and after
+    Python prints it (the previous hook still prints it, as before):
+
+    1. Under a launcher that asks for it (``TNT_REPORT_FD``), it reports the exception as data first,
+       so the launcher knows this rank's own failure before the failures of its peers that follow.
+    2. Once it is printed, the peers are told (``_core.abandon``): their calls fail at once with a
+       ``PeerFailure`` that names this rank and quotes its error, instead of waiting for it or taking
+       its exit for a goodbye. Nothing is told where the runtime does not run or has failed already
+       (a ``PeerFailure`` of its own: the peers know).
+
+    The variable is taken out of the environment, and only this process reports and tells: a child
+    (forked, or started with the environment) must not write to a descriptor that is not its rank's
+    pipe, nor speak for the rank.
     """
-    fd = os.environ.pop(REPORT_FD, "")  # taken: a second call finds nothing to install
-    if not fd.isdigit():
-        return
+    fd = os.environ.pop(REPORT_FD, "")  # taken: a second call finds nothing to report to
+    report_fd = int(fd) if fd.isdigit() else None
     try:
-        if not stat.S_ISFIFO(os.fstat(int(fd)).st_mode):
-            return
+        if report_fd is not None and not stat.S_ISFIFO(os.fstat(report_fd).st_mode):
+            report_fd = None
     except OSError:
-        return
+        report_fd = None
     owner, previous = os.getpid(), sys.excepthook
 
-    def report(kind: type[BaseException], value: BaseException, traceback: TracebackType | None) -> None:
-        if os.getpid() == owner:
+    def on_uncaught(kind: type[BaseException], value: BaseException, traceback: TracebackType | None) -> None:
+        mine = os.getpid() == owner
+        if mine and report_fd is not None:
             try:
-                line = json.dumps({"event": "error", "error": error_data(value)}, default=str) + "\n"
-                os.write(int(fd), line.encode())
+                data = error_data(value)
+                data["message"] = data["message"][:_MAX_REPORTED]
+                os.write(report_fd, (json.dumps({"event": "error", "error": data}, default=str) + "\n").encode())
             except (OSError, ValueError, TypeError):
                 pass  # the launcher is gone: the traceback still follows
         previous(kind, value, traceback)
+        if mine:
+            _core.abandon(told_error(value))
 
-    sys.excepthook = report
+    sys.excepthook = on_uncaught

@@ -67,7 +67,7 @@ void Engine::submit(const std::shared_ptr<Operation>& op, bool background) {
     std::lock_guard<std::mutex> lock(submit_mutex_);
     if (fabric_.failed()) {
       try {
-        fabric_.throw_failure(op->descriptor().detail({}));
+        fabric_.throw_failure(op->descriptor().detail({}), op->descriptor().describe());
       } catch (...) {
         op->finish(std::current_exception());
       }
@@ -120,7 +120,7 @@ void Engine::fail_all() {
   for (auto& op : active_) {
     if (op->completed()) continue;
     try {
-      fabric_.throw_failure(op->descriptor().detail({}));  // the error, naming this call
+      fabric_.throw_failure(op->descriptor().detail({}), op->descriptor().describe());  // the error, naming this call
     } catch (...) {
       op->finish(std::current_exception());
     }

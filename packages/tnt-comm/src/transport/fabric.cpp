@@ -214,7 +214,7 @@ std::string encode_failure(FailureKind kind, const ErrorDetail& d, const std::st
   for (int r : d.ranks) ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
   std::string out(1, static_cast<char>('0' + static_cast<int>(kind)));
   for (const std::string& field :
-       {ranks, d.operation, std::to_string(d.group), std::to_string(d.call), d.mine, d.theirs, message}) {
+       {ranks, d.operation, std::to_string(d.group), std::to_string(d.call), d.mine, d.theirs, d.peer_error, message}) {
     put_field(out, field);
   }
   return out;
@@ -223,7 +223,7 @@ std::string encode_failure(FailureKind kind, const ErrorDetail& d, const std::st
 // False where the text is not one encode_failure made (then nothing is taken from it).
 bool decode_failure(const std::string& text, FailureKind* kind, ErrorDetail* d, std::string* message) {
   if (text.empty() || text[0] < '1' || text[0] > '4') return false;
-  std::string f[7];
+  std::string f[8];
   std::size_t at = 1;
   try {
     for (auto& field : f) {
@@ -241,9 +241,10 @@ bool decode_failure(const std::string& text, FailureKind* kind, ErrorDetail* d, 
     out.call = std::stoll(f[3]);
     out.mine = f[4];
     out.theirs = f[5];
+    out.peer_error = f[6];
     *kind = static_cast<FailureKind>(text[0] - '0');
     *d = std::move(out);
-    *message = f[6];
+    *message = f[7];
     return true;
   } catch (const std::exception&) {  // std::stoi and friends on a malformed number
     return false;
@@ -263,7 +264,7 @@ void Fabric::tell_failure() {
   }
 }
 
-void Fabric::throw_failure(const ErrorDetail& call) const {
+void Fabric::throw_failure(const ErrorDetail& call, const std::string& doing) const {
   std::string message;
   ErrorDetail detail;
   {
@@ -271,11 +272,15 @@ void Fabric::throw_failure(const ErrorDetail& call) const {
     message = failure_message_;
     detail = failure_detail_;
   }
+  // A peer that left with an error of its own said what it was, not what we were doing: that is
+  // ours to add ("rank 1 failed (ValueError: ...) while rank 0 was in allreduce(...)").
+  const bool left_with_error = !detail.peer_error.empty() && !detail.ranks.empty() && detail.ranks.front() != rank_;
   if (detail.operation.empty()) {
     detail.operation = call.operation;
     detail.group = call.group;
     detail.call = call.call;
   }
+  if (left_with_error && !doing.empty()) message += " while rank " + std::to_string(rank_) + " was in " + doing;
   switch (failure_.load(std::memory_order_acquire)) {
     case FailureKind::mismatch: throw CollectiveMismatch(message, std::move(detail));
     case FailureKind::peer: {

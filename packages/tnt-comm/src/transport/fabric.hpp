@@ -70,8 +70,9 @@ class Fabric {
   void fail(FailureKind kind, ErrorDetail detail, const std::string& message, bool tell_peers);
   bool failed() const { return failure_.load(std::memory_order_acquire) != FailureKind::none; }
   // Throws the recorded failure; `call` (operation, group, call number) fills in the call it
-  // stopped where the failure itself names none (a peer's connection closed between calls).
-  [[noreturn]] void throw_failure(const ErrorDetail& call = {}) const;
+  // stopped where the failure itself names none (a peer's connection closed between calls), and
+  // `doing` (that call, described) ends the sentence of a peer that left with an error of its own.
+  [[noreturn]] void throw_failure(const ErrorDetail& call = {}, const std::string& doing = {}) const;
 
   // Tells every peer that this rank finalized and will send no more (unless the job failed).
   void say_goodbye();

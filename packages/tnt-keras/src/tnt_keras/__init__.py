@@ -42,7 +42,6 @@ __version__ = "0.1.0"
 tnt_comm.init()
 # SIGUSR1 (a preemption warning) becomes a checkpoint from now on, never the end of the rank.
 preemption.install()
-timeline.start_from_environment()  # TNT_TIMELINE=FILE (tnt-launch --timeline FILE)
 if backends.current().__name__.endswith(".tensorflow"):
     from .backends.tensorflow.inputs import install_shuffle_seed
 

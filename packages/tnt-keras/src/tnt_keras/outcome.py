@@ -109,8 +109,8 @@ def agree_on_outcome(error: Exception | None, doing: str) -> None:
 
     A rank that failed raises its own error, unchanged; where Python has exception notes, each other
     failing rank's error is added as a note. Every other rank raises an error that names each failing
-    rank and quotes its error (see ``_rebuild``). On one rank, raises ``error`` if there is one. Costs
-    one small allgather when no rank failed.
+    rank and quotes its error (see ``_rebuild``), and lists them in its ``ranks``. On one rank,
+    raises ``error`` if there is one. Costs one small allgather when no rank failed.
     """
     if runtime.get_size() == 1:
         if error is not None:
@@ -143,7 +143,11 @@ def agree_on_outcome(error: Exception | None, doing: str) -> None:
                     error.add_note(_failure_sentence(other, report))
         raise error
     if reports:
-        raise _rebuild(reports) from None
+        rebuilt = _rebuild(reports)
+        # As data, as tnt-comm's errors name them: the ranks whose failure this error reports (so
+        # tnt-launch blames them, not this rank, which only learnt of it).
+        rebuilt.ranks = sorted(reports)  # type: ignore[attr-defined]
+        raise rebuilt from None
 
 
 def write_and_agree(doing: str, writes: bool, write: Callable[[], Any]) -> Any:

@@ -17,34 +17,29 @@ recorded and no callback is added.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import keras
-import numpy as np
 import tnt_comm
-from tnt_launch import contract
+from tnt_comm import _trace
 
-VARIABLE = contract.TIMELINE
-_ROUND_TRIPS = 8
-_KERAS_TID, _WAIT_TID, _COMM_TID = 1, 2, 3
+from .runtime import logger
 
-_state: dict[str, Any] = {"path": None, "spans": [], "comm": [], "fitting": False}
+TRACK = "tnt-keras"
+_state: dict[str, Any] = {"spans": [], "fitting": False}
 
 
 def active() -> bool:
-    return _state["path"] is not None
+    return _trace.path() is not None
 
 
 def start(path: str | os.PathLike[str]) -> None:
     """Record from now on; rank 0 writes ``path`` (call it on every rank)."""
-    _state["path"] = os.path.abspath(os.fspath(path))
     _state["spans"] = []
-    _state["comm"] = []
-    tnt_comm.timeline_start()
+    tnt_comm.timeline_start(path)
 
 
 def stop() -> None:
@@ -53,14 +48,6 @@ def stop() -> None:
         return
     write()
     tnt_comm.timeline_stop()
-    _state["path"] = None
-
-
-def start_from_environment() -> None:
-    """TNT_TIMELINE=FILE: record from the start of the process."""
-    path = os.environ.get(VARIABLE, "").strip()
-    if path:
-        start(path)
 
 
 @contextlib.contextmanager
@@ -121,110 +108,12 @@ def callbacks() -> list[keras.callbacks.Callback]:
     return [Steps()] if active() else []
 
 
-def _clock_offset() -> int:
-    """Nanoseconds to add to this rank's clock to read rank 0's (collective)."""
-    rank, size = tnt_comm.rank(), tnt_comm.size()
-    if size == 1:
-        return 0
-    stamp = np.zeros(1, np.int64)
-    best = (None, 0)
-    for peer in range(1, size):
-        for _ in range(_ROUND_TRIPS):
-            if rank == 0:
-                tnt_comm.recv(stamp, peer)
-                stamp[0] = tnt_comm.timeline_now_ns()
-                tnt_comm.send(stamp, peer)
-            elif rank == peer:
-                sent = tnt_comm.timeline_now_ns()
-                stamp[0] = sent
-                tnt_comm.send(stamp, 0)
-                tnt_comm.recv(stamp, 0)
-                back = tnt_comm.timeline_now_ns()
-                # Rank 0 read its clock about halfway through the round trip: the shortest trip says it best.
-                if best[0] is None or back - sent < best[0]:
-                    best = (back - sent, int(stamp[0]) - (sent + back) // 2)
-    return best[1]
-
-
-def _events(rank: int, offset: int) -> list[dict[str, Any]]:
-    """This rank's events in the trace's form, on rank 0's clock, in microseconds."""
-
-    def us(ns: int) -> float:
-        return (ns + offset) / 1000.0
-
-    events: list[dict[str, Any]] = [
-        {"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank}"}},
-        {"ph": "M", "name": "process_sort_index", "pid": rank, "args": {"sort_index": rank}},
-        {"ph": "M", "name": "thread_name", "pid": rank, "tid": _KERAS_TID, "args": {"name": "tnt-keras"}},
-        {"ph": "M", "name": "thread_name", "pid": rank, "tid": _WAIT_TID, "args": {"name": "blocked waiting"}},
-        {"ph": "M", "name": "thread_name", "pid": rank, "tid": _COMM_TID, "args": {"name": "collectives"}},
-    ]
-    for name, begin, end, args in _state["spans"]:
-        events.append({"ph": "X", "cat": "tnt-keras", "name": name, "pid": rank, "tid": _KERAS_TID,
-                       "ts": us(begin), "dur": (end - begin) / 1000.0, "args": args})
-    for i, e in enumerate(_state["comm"]):
-        if e["name"] == "wait":
-            events.append({"ph": "X", "cat": "wait", "name": "wait", "pid": rank, "tid": _WAIT_TID,
-                           "ts": us(e["submitted_ns"]), "dur": (e["ended_ns"] - e["submitted_ns"]) / 1000.0,
-                           "args": {"group": f"{e['group']:#x}", "call": e["call"]}})
-            continue
-        # id2.local: the id is the rank's own, so viewers keep the span on the rank's process (a plain
-        # "id" is global: Perfetto puts such spans on tracks of no process).
-        common = {"cat": "tnt-comm", "pid": rank, "tid": _COMM_TID, "id2": {"local": str(i)}}
-        args = {"bytes": e["bytes"], "group": f"{e['group']:#x}", "call": e["call"],
-                "blocking": e["blocking"], "failed": e["failed"]}
-        if e.get("algorithm"):
-            args["algorithm"] = e["algorithm"]
-        events += [
-            {**common, "ph": "b", "name": e["name"], "ts": us(e["submitted_ns"]), "args": args},
-            {**common, "ph": "b", "name": "queued", "ts": us(e["submitted_ns"])},
-            {**common, "ph": "e", "name": "queued", "ts": us(e["started_ns"])},
-            {**common, "ph": "b", "name": "running", "ts": us(e["started_ns"])},
-            *_phases(common, e, us),
-            {**common, "ph": "e", "name": "running", "ts": us(e["ended_ns"])},
-            {**common, "ph": "e", "name": e["name"], "ts": us(e["ended_ns"])},
-        ]
-    return events
-
-
-def _phases(common: dict[str, Any], e: dict[str, Any], us: Callable[[int], float]) -> list[dict[str, Any]]:
-    """The algorithm's phases, one after another inside "running": each ends where the next begins."""
-    marks = e.get("phases", [])
-    if not marks:
-        return []
-    ends = [begin for _, begin in marks[1:]] + [e["ended_ns"]]
-    out: list[dict[str, Any]] = []
-    for (name, begin), end in zip(marks, ends, strict=True):
-        begin = min(max(begin, e["started_ns"]), end)
-        out.append({**common, "ph": "b", "name": name, "ts": us(begin)})
-        out.append({**common, "ph": "e", "name": name, "ts": us(end)})
-    return out
-
-
 def write() -> None:
-    """Collective: every rank's events since the start go to rank 0, which writes the trace."""
+    """Collective: every rank's steps, epochs and collectives since the start go to rank 0, which
+    writes the trace; where it cannot, rank 0 warns and the job goes on."""
     if not active():
         return
-    _state["comm"].extend(tnt_comm.timeline_events())
-    rank, size = tnt_comm.rank(), tnt_comm.size()
-    offset = _clock_offset()
-    mine = json.dumps(_events(rank, offset)).encode()
-    payload = np.frombuffer(mine, np.uint8)
-    if size > 1:
-        lengths = tnt_comm.allgather(np.array([payload.size], np.int64))
-        payload = tnt_comm.allgatherv(payload)
-    else:
-        lengths = np.array([payload.size], np.int64)
-    tnt_comm.timeline_events()  # what the clock check and the gathering recorded: not the job's own
-    if rank != 0:
-        return
-    events: list[dict[str, Any]] = []
-    at = 0
-    for length in lengths.reshape(-1).tolist():
-        events.extend(json.loads(payload[at : at + length].tobytes()))
-        at += length
-    path = _state["path"]
-    temporary = f"{path}.tmp{os.getpid()}"
-    with open(temporary, "w") as f:
-        json.dump({"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"ranks": size}}, f)
-    os.replace(temporary, path)
+    try:
+        _trace.write(tnt_comm.rank(), tnt_comm.size(), _state["spans"], TRACK)
+    except OSError as e:
+        logger.warning("could not write the timeline to %s (%s); training goes on without it", _trace.path(), e)

@@ -1,5 +1,5 @@
 """A short fit and a save under `tnt-launch --timeline FILE` (TNT_TIMELINE from the start), then the
-same through the Python API: tnt.timeline.start(...) and stop()."""
+same through the Python API: tnt.timeline.start(...) and stop(), then a trace that cannot be written."""
 
 import os
 import sys
@@ -34,5 +34,13 @@ model.save_weights(os.path.join(os.environ["TNT_TEST_OUT"], "m.weights.h5"))  # 
 second = sys.argv[1]
 tnt.timeline.start(second)
 model.fit(x, y, batch_size=32, epochs=1, verbose=0)
+tnt.timeline.stop()
+
+# A trace that cannot be written (its folder gone once the timeline started): rank 0 warns at the
+# end of fit and after the save, and the job goes on; the save itself is written.
+gone = os.path.join(os.environ["TNT_TEST_OUT"], "gone")
+tnt.timeline.start(os.path.join(gone, "third.json"))
+model.fit(x, y, batch_size=32, epochs=1, verbose=0)
+model.save_weights(os.path.join(os.environ["TNT_TEST_OUT"], "after.weights.h5"))
 tnt.timeline.stop()
 report({"rank": tnt.get_rank(), "monotonic_s": time.monotonic()})

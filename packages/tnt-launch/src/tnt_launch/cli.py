@@ -167,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     logging.add_argument("--timeline", metavar="FILE",
                          help="write a trace of the job to FILE: every rank's training steps and "
                               "collectives, in Chrome's trace-event JSON, which Perfetto opens "
-                              "(rank 0 writes it, at the end of every fit)")
+                              "(rank 0 writes it, at the end of every fit; its folder must exist)")
     logging.add_argument("--output-dir", metavar="DIR",
                          help="also write each rank's output to DIR/rank-N.out and DIR/rank-N.err")
 
@@ -450,6 +450,18 @@ def _stdout_is_tty() -> bool:
         return False
 
 
+def _check_timeline(path: str) -> None:
+    """Refuses a --timeline FILE that rank 0, running on this host, could not write, before anything
+    starts: a whole job's training must not end in a trace it cannot save."""
+    folder = os.path.dirname(path) or "."
+    if os.path.isdir(path):
+        raise UsageError(f"--timeline {path}: is a folder; name the file to write, e.g. {os.path.join(path, 'trace.json')}")
+    if not os.path.isdir(folder):
+        raise UsageError(f"--timeline {path}: the folder {folder} does not exist; create it first (mkdir -p {folder})")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"--timeline {path}: the folder {folder} cannot be written by this user; choose another place")
+
+
 def launch(config: LaunchConfig) -> int:
     placement = resolve_hosts(config)
     hosts = placement.hosts
@@ -463,6 +475,8 @@ def launch(config: LaunchConfig) -> int:
         config, hosts, facts, identity, os.environ, stdout_tty=_stdout_is_tty(),
         launcher=placement.launcher, cpus_per_task=cpus_per_task,
     )
+    if config.timeline is not None and plan.ranks and plan.ranks[0].local:
+        _check_timeline(config.timeline)
     for warning in plan.warnings:
         print(f"tnt-launch: warning: {warning}", file=sys.stderr)
     if config.log_level in ("DEBUG", "INFO"):

@@ -154,8 +154,14 @@ class RankRun:
         self.state_asked = False
         self.error: dict[str, Any] | None = None
         """The exception the rank reported it ends with, as data (tnt_comm.error_data)."""
-        self.fatal_at: float | None = None
-        """When the rank reported a tnt-comm failure (see blame.FATAL_KINDS)."""
+        self.error_at: float | None = None
+        """When that report arrived: the rank is about to exit."""
+        self.heard_at: float | None = None
+        """When tnt-launch first heard that the rank failed (its report or its exit)."""
+        self.stopped_by_us = False
+        """Whether the rank ended while tnt-launch was stopping the job."""
+        self.ended_before_stop = False
+        """Whether its agent said how it ended before tnt-launch began to stop the job."""
         self.files: dict[str, BinaryIO] = {}
         self.streams: list[Stream] = []
 

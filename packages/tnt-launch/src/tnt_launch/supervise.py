@@ -1,13 +1,15 @@
 """Running a planned job: output streaming, failure propagation, signals, and the final summary.
 
-One thread watches every rank's agent through a selector. The first rank that exits non-zero or
-dies by a signal brings the job down. First every agent whose rank still runs is asked which of
-its rank's processes are stopped (SIGSTOP, a debugger): such a rank made no progress, and is most
-likely why the others timed out. Then every other agent is told to stop its rank (SIGTERM and
-SIGCONT, then SIGKILL after the grace period), and tnt-launch exits with the failed rank's status
-after printing a summary. It names first the ranks that made no progress, the stopped ones and
-those that the failed ranks' tnt-comm timeout messages name ("made no progress: rank 1, rank 3"),
-then the failed rank. SIGINT (Ctrl+C), SIGTERM and SIGHUP to tnt-launch stop the job the same
+One thread watches every rank's agent through a selector. The first rank that exits non-zero, dies
+by a signal or reports the error it is exiting with brings the job down. First every agent whose
+rank still runs is asked which of its rank's processes are stopped (SIGSTOP, a debugger): such a
+rank made no progress, and is most likely why the others timed out. Meanwhile the ranks that the
+failures heard so far blame as leaving (a dead peer) get a moment to report their own error or
+exit. Then every other agent is told to stop its rank (SIGTERM and SIGCONT, then SIGKILL after the
+grace period), and tnt-launch exits with the culprit's status after printing a summary. The culprit
+is the rank whose own failure came first in cause, not in exit order (blame.culprit). The summary
+names first the ranks that made no progress, the stopped ones and those that the failed ranks'
+tnt-comm timeout messages name ("made no progress: rank 1, rank 3"), then the culprit. SIGINT (Ctrl+C), SIGTERM and SIGHUP to tnt-launch stop the job the same
 way; a second one kills the ranks at once. SIGUSR1 is passed on to every rank (a preemption
 warning). An agent on another host that does not answer that question in time sits behind a cut
 link or on a dead host: its connection is dropped at once instead of waiting out the grace period,
@@ -47,10 +49,10 @@ default MaxStartups (10), beyond which sshd drops new connections at random."""
 _HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
 STATE_WAIT_S = 3.0
 """How long a failing job waits for its agents to say whether their ranks are stopped (an ssh
-round trip) before it stops them anyway."""
-# After a rank reports one of tnt-comm's failures (blame.FATAL_KINDS) it is about to exit, but
-# TensorFlow's teardown can take seconds: the job is stopped FATAL_GRACE_S after such a report even
-# while the rank still runs.
+round trip), and for the ranks that failures blame as leaving to report or exit, before it stops
+them anyway."""
+# After a rank reports the error it ends with it is about to exit, but TensorFlow's teardown can take
+# seconds: the job starts failing FATAL_GRACE_S after such a report even while the rank still runs.
 FATAL_GRACE_S = 1.0
 _ranks = blame.ranks_text
 
@@ -245,10 +247,12 @@ class Supervisor:
             run.ready = True
         elif message.get("event") == "exit":
             run.reported = message
+            run.ended_before_stop = not self.stopping
         elif message.get("event") == "error" and isinstance(message.get("error"), dict) and run.error is None:
             run.error = message["error"]
-            if blame.is_fatal(run.error):
-                run.fatal_at = time.monotonic()
+            run.error_at = time.monotonic()
+            if run.heard_at is None:
+                run.heard_at = run.error_at
         elif message.get("event") == "state":
             run.state = message
 
@@ -337,37 +341,59 @@ class Supervisor:
 
     def _finish(self, run: RankRun, status: RankStatus) -> None:
         run.status = status
+        # Its agent may have said how it ended before the stop began, and we heard of its exit after.
+        run.stopped_by_us = self.stopping and not run.ended_before_stop
         run.close_stdin()
-        # A rank that reported a tnt-comm failure failed on its own, even if the job was being
-        # stopped (because of that report) when it exited.
-        if status.ok or (self.stopping and run.fatal_at is None):
+        # A rank that reported the error it ends with failed on its own, even if the job was being
+        # stopped (because of that report, or of its peers') when it exited.
+        if status.ok or (run.stopped_by_us and run.error is None):
             return
         run.failed_on_its_own = True
+        if run.heard_at is None:
+            run.heard_at = time.monotonic()
         if self.first_failure is None:
             self.first_failure = run
-            others = sum(1 for r in self.runs if r.running)
-            self._say(
-                f"{self._where(run)} {status.describe()}; stopping the job"
-                + (f" ({others} other rank(s) still running)" if others else "")
-            )
             self._check_states()
 
-    def _check_fatal_reports(self, now: float) -> None:
-        """Starts stopping the job for a rank that printed a tnt-comm failure FATAL_GRACE_S ago
+    def _check_reports(self, now: float) -> None:
+        """Starts failing the job for a rank that reported the error it ends with FATAL_GRACE_S ago
         and has not exited yet (its exit status comes later, for the summary)."""
         if self.first_failure is not None or self.stopping:
             return
         for run in self.runs:
-            if run.running and run.fatal_at is not None and now - run.fatal_at >= FATAL_GRACE_S:
+            if run.running and run.error_at is not None and now - run.error_at >= FATAL_GRACE_S:
                 self.first_failure = run
                 run.failed_on_its_own = True
-                others = sum(1 for r in self.runs if r.running and r is not run)
-                self._say(
-                    f"{self._where(run)} failed with a tnt-comm error and is exiting; stopping the job"
-                    + (f" ({others} other rank(s) still running)" if others else "")
-                )
                 self._check_states()
                 return
+
+    def _announce(self) -> None:
+        """The line that says why the job is being stopped: the culprit as known now."""
+        assert self.first_failure is not None
+        run = blame.culprit(self.first_failure, self.runs)
+        others = sum(1 for r in self.runs if r.running and r is not run)
+        if run.status is not None:
+            what = self._describe_failure(run)
+        elif run.error is not None and not blame.is_consequence(run):
+            what = f"raised {blame.headline(run.error)} and is exiting"
+        else:
+            what = f"failed with {blame.headline(run.error or {})} and is exiting"
+        self._say(
+            f"{self._where(run)} {what}; stopping the job"
+            + (f" ({others} other rank(s) still running)" if others else "")
+        )
+
+    def _leads_heard(self) -> bool:
+        """Whether every rank that the failures heard so far blame as leaving (a dead peer, a rank
+        whose failure was shared) has reported its own error or exited: the culprit's own words
+        then reach the summary, whichever rank's exit came first."""
+        by_rank = {run.spec.rank: run for run in self.runs}
+        for run in self.runs:
+            for rank in blame.awaited(run):
+                lead = by_rank.get(rank)
+                if lead is not None and lead.running and lead.error is None and lead.reported is None:
+                    return False
+        return True
 
     # -- stopped ranks ----------------------------------------------------------------------
 
@@ -401,6 +427,8 @@ class Supervisor:
         self.check_until = None
         if self.stopping:
             return
+        if self.first_failure is not None:
+            self._announce()
         self.stopping = True
         for run in self.runs:
             if run.running and run.state_asked and run.state is None and not run.spec.local and run.step is None:
@@ -429,8 +457,10 @@ class Supervisor:
 
     def _check_deadlines(self) -> None:
         now = time.monotonic()
-        self._check_fatal_reports(now)
-        if self.check_until is not None and (now >= self.check_until or self._states_known()):
+        self._check_reports(now)
+        if self.check_until is not None and (
+            now >= self.check_until or (self._states_known() and self._leads_heard())
+        ):
             self._stop_all()
         if self.kill_at is not None and now >= self.kill_at:
             self.kill_at = None
@@ -578,7 +608,7 @@ class Supervisor:
             failure = blame.culprit(failure, self.runs)
             assert failure.status is not None
             code = failure.status.exit_code
-            if failure.fatal_at is not None and failure.status.signal is not None:
+            if failure.error is not None and failure.status.signal is not None and failure.stopped_by_us:
                 code = 1  # it failed with an error; our SIGTERM only cut its teardown short
             groups = blame.no_progress(self.runs, self.plan.size)
             # A host that stopped answering explains everything after it: it leads.
@@ -608,7 +638,8 @@ class Supervisor:
                     f"job {self.plan.job_id} failed: {self._where(failure)} "
                     f"{self._describe_failure(failure)}"
                 )
-            others = [r for r in self.runs if r.failed_on_its_own and r is not failure]
+            # Other ranks' own failures are shown in full; those that followed from it, in one line.
+            others = [r for r in self.runs if r.failed_on_its_own and r is not failure and not blame.is_consequence(r)]
             for run in [failure, *others]:
                 if run is not failure:
                     self._say(f"{self._where(run)} also {self._describe_failure(run)}")
@@ -618,6 +649,10 @@ class Supervisor:
                         self.output.write("err", f"    {line}\n".encode())
                 else:
                     self._say(f"rank {run.spec.rank} wrote nothing to stderr")
+            followed = [r for r in self.runs if r is not failure and blame.is_consequence(r)]
+            if followed:
+                kinds = ", ".join(dict.fromkeys(str((r.error or {}).get("kind")) for r in followed))
+                self._say(f"{_ranks([r.spec.rank for r in followed])} failed as a consequence ({kinds})")
         elif self.received_signal is not None:
             code = 128 + self.received_signal
             self._say(

@@ -53,7 +53,7 @@ using tensorflow::shape_inference::InferenceContext;
 // created by TensorFlow, which offers no way to pass them a pointer, and it must be the table of
 // the already imported tnt_comm module so the op uses the same runtime (connections, sequence
 // numbers) as tnt_comm's Python API instead of a second copy of it. Set once, read lock-free.
-std::atomic<const tnt_comm_api_v2*> g_api{nullptr};
+std::atomic<const tnt_comm_api_v3*> g_api{nullptr};
 
 constexpr std::uint64_t kMagic = 0x746e745f70656e64ULL;  // "tnt_pend": catches most misused handles
 
@@ -108,7 +108,7 @@ void AppendJsonString(std::string* out, const char* text) {
 }
 
 // {"kind": 3, "message": ..., "ranks": [2], "operation": ..., "group": ..., "call": ..., "mine": ...,
-// "theirs": ...}: the fields of tnt_comm_error, which tnt_comm.error_from_data turns back into the
+// "theirs": ..., "peer_error": ...}: the fields of tnt_comm_error, which tnt_comm.error_from_data turns back into the
 // exception tnt-comm's Python API would have raised.
 std::string ErrorData(const tnt_comm_error& e) {
   std::string out = absl::StrCat("{\"kind\": ", e.kind, ", \"message\": ");
@@ -121,6 +121,8 @@ std::string ErrorData(const tnt_comm_error& e) {
   AppendJsonString(&out, e.mine);
   out += ", \"theirs\": ";
   AppendJsonString(&out, e.theirs);
+  out += ", \"peer_error\": ";
+  AppendJsonString(&out, e.peer_error);
   out += "}";
   return out;
 }
@@ -207,7 +209,7 @@ std::int32_t OpCode(const std::string& op) {
 
 // Completes a start: `started` is what the C ABI's start call returned for `p`. A start that
 // failed deletes p (the callback will not run and nobody else knows it) and fails the kernel.
-void Started(OpKernelContext* ctx, const tnt_comm_api_v2* api, Pending* p, int started) {
+void Started(OpKernelContext* ctx, const tnt_comm_api_v3* api, Pending* p, int started) {
   if (started == 0) return;
   const tnt_comm_error* error = api->last_error();
   delete p;
@@ -230,7 +232,7 @@ class AllreduceStartOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    const tnt_comm_api_v2* api = g_api.load(std::memory_order_acquire);
+    const tnt_comm_api_v3* api = g_api.load(std::memory_order_acquire);
     OP_REQUIRES(ctx, api != nullptr,
                 absl::FailedPreconditionError("tnt_comm's C API was not handed to the op library; "
                                               "load it through tnt_keras.ops"));
@@ -259,7 +261,7 @@ class AllreduceStartOp : public OpKernel {
 // tensor or view of it goes.
 class SharedBuffer : public tensorflow::TensorBuffer {
  public:
-  SharedBuffer(void* block, std::size_t bytes, const tnt_comm_api_v2* api)
+  SharedBuffer(void* block, std::size_t bytes, const tnt_comm_api_v3* api)
       : TensorBuffer(block), bytes_(bytes), api_(api) {}
   ~SharedBuffer() override { api_->free_shared(data()); }
   std::size_t size() const override { return bytes_; }
@@ -272,7 +274,7 @@ class SharedBuffer : public tensorflow::TensorBuffer {
 
  private:
   std::size_t bytes_;
-  const tnt_comm_api_v2* api_;
+  const tnt_comm_api_v3* api_;
 };
 
 class FusedSumStartOp : public OpKernel {
@@ -291,7 +293,7 @@ class FusedSumStartOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    const tnt_comm_api_v2* api = g_api.load(std::memory_order_acquire);
+    const tnt_comm_api_v3* api = g_api.load(std::memory_order_acquire);
     OP_REQUIRES(ctx, api != nullptr,
                 absl::FailedPreconditionError("tnt_comm's C API was not handed to the op library; "
                                               "load it through tnt_keras.ops"));
@@ -390,10 +392,10 @@ class AllreduceWaitOp : public AsyncOpKernel {
 // on success (also when the same table is handed again), 1 for a null table, 2 for a table of
 // another ABI version, 3 when a different table was already set.
 extern "C" __attribute__((visibility("default"))) int tnt_ops_set_api(const void* table) {
-  const auto* api = static_cast<const tnt_comm_api_v2*>(table);
+  const auto* api = static_cast<const tnt_comm_api_v3*>(table);
   if (api == nullptr) return 1;
   if (api->version != TNT_COMM_C_API_VERSION) return 2;
-  const tnt_comm_api_v2* expected = nullptr;
+  const tnt_comm_api_v3* expected = nullptr;
   if (g_api.compare_exchange_strong(expected, api, std::memory_order_acq_rel)) return 0;
   return expected == api ? 0 : 3;
 }
