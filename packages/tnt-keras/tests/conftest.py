@@ -22,6 +22,9 @@ GROUP_SECONDS = {
     "test_training.py": 133,
     "test_large_models.py": 115,
     "jobs-torch": 95,
+    # Each backend's planted exceptions: 6 jobs of 3 ranks that cannot share their ranks.
+    "test_planted_errors.py-torch": 120,
+    "test_planted_errors.py-tensorflow": 90,
     "test_ops.py": 90,
     "test_failures.py": 85,
     "test_progress_tty.py": 32,
@@ -40,15 +43,23 @@ def pytest_configure(config: pytest.Config) -> None:
         "bundled(backend=None): the test reads jobs of launch.BUNDLES, on ``backend`` (else the one its "
         "parameters name, else TensorFlow); conftest.py keeps each backend's such tests on one worker",
     )
+    config.addinivalue_line(
+        "markers",
+        "by_backend: the file's tests form one group per backend their parameters name, not one for the "
+        "whole file, so that two workers share a file of many costly jobs",
+    )
 
 
 def group_of(item: pytest.Item) -> str:
-    """The pytest-xdist group ``item`` runs in: its backend's bundled jobs, or its file (the tests of a
-    file share module fixtures and caches, as --dist loadfile would keep them)."""
+    """The pytest-xdist group ``item`` runs in: its backend's bundled jobs, its file and backend (marked
+    ``by_backend``), or its file (the tests of a file share module fixtures and caches, as --dist
+    loadfile would keep them)."""
     marker = item.get_closest_marker("bundled")
+    params = item.callspec.params.values() if hasattr(item, "callspec") else ()
+    if item.get_closest_marker("by_backend") is not None:
+        return f"{item.path.name}-{next((v for v in params if v in BACKENDS), 'tensorflow')}"
     if marker is None or not bundles_enabled():
         return item.path.name
-    params = item.callspec.params.values() if hasattr(item, "callspec") else ()
     backend = marker.args[0] if marker.args else next((v for v in params if v in BACKENDS), "tensorflow")
     return f"jobs-{backend}"
 

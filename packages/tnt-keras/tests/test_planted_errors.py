@@ -45,6 +45,7 @@ def _processes_of(job_id: str) -> list[int]:
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.by_backend
 @pytest.mark.parametrize(("backend", "phase", "transport", "delayed", "all_output"), TRIALS)
 def test_the_summary_names_the_rank_that_raised(
     backend: str, phase: str, transport: str, delayed: bool, all_output: bool
