@@ -416,8 +416,10 @@ def ctest(session: nox.Session, name: str, *cmake_args: str) -> None:
 
 @nox.session(venv_backend="none")
 def lint(session: nox.Session) -> None:
-    """ruff over all Python code."""
-    SharedEnv(session, "ruff").run("ruff", "check", str(ROOT))
+    """ruff over all Python code, and tnt-comm's includes held to docs/design.md's layer table."""
+    env = SharedEnv(session, "ruff")
+    env.run("ruff", "check", str(ROOT))
+    env.run("python", str(COMM / "scripts" / "check_layers.py"), str(ROOT / "docs" / "design.md"), str(COMM))
 
 
 @nox.session(venv_backend="none")

@@ -9,9 +9,29 @@
 #include <vector>
 
 #include "tnt_comm/fusion.hpp"
+#include "tnt_comm/group.hpp"
 #include "tnt_comm/runtime.hpp"
+#include "tnt_comm/types.hpp"
 
 namespace {
+
+// What this file relies on, checked when it compiles: the C++ enums take the C codes (codes.h), and
+// the table is the version the header declares.
+static_assert(static_cast<int32_t>(tnt::DType::float16) == TNT_COMM_FLOAT16 &&
+                  static_cast<int32_t>(tnt::DType::bfloat16) == TNT_COMM_BFLOAT16 &&
+                  static_cast<int32_t>(tnt::DType::float32) == TNT_COMM_FLOAT32 &&
+                  static_cast<int32_t>(tnt::DType::float64) == TNT_COMM_FLOAT64 &&
+                  static_cast<int32_t>(tnt::DType::int32) == TNT_COMM_INT32 &&
+                  static_cast<int32_t>(tnt::DType::int64) == TNT_COMM_INT64 &&
+                  static_cast<int32_t>(tnt::DType::uint8) == TNT_COMM_UINT8,
+              "tnt::DType must take the element type codes of codes.h");
+static_assert(static_cast<int32_t>(tnt::ReduceOp::sum) == TNT_COMM_SUM &&
+                  static_cast<int32_t>(tnt::ReduceOp::prod) == TNT_COMM_PROD &&
+                  static_cast<int32_t>(tnt::ReduceOp::min) == TNT_COMM_MIN &&
+                  static_cast<int32_t>(tnt::ReduceOp::max) == TNT_COMM_MAX &&
+                  static_cast<int32_t>(tnt::ReduceOp::avg) == TNT_COMM_AVG,
+              "tnt::ReduceOp must take the reduction codes of codes.h");
+static_assert(TNT_COMM_C_API_VERSION == 3, "the table below is version 3 of c_api.h");
 
 // An error and the storage its C view points into.
 class CError {

@@ -5,8 +5,8 @@
 
 #include "collectives/algorithms.hpp"
 #include "engine/engine.hpp"
+#include "job.hpp"
 #include "transport/fabric.hpp"
-#include "tnt_comm/runtime.hpp"
 
 namespace tnt {
 namespace {
@@ -37,8 +37,8 @@ void set_thread_name(const std::string& name) {
   t_thread_tag = name.empty() ? 0 : (h | 1);
 }
 
-Group::Group(Runtime& runtime, std::vector<int> world_ranks)
-    : runtime_(runtime.weak_from_this()), world_rank_(runtime.rank()), ranks_(std::move(world_ranks)) {
+Group::Group(const std::shared_ptr<Job>& job, std::vector<int> world_ranks)
+    : job_(job), world_rank_(job->rank()), ranks_(std::move(world_ranks)) {
   if (ranks_.empty()) throw InvalidArgument("a group needs at least one rank");
   std::vector<int> sorted = ranks_;
   std::sort(sorted.begin(), sorted.end());
@@ -46,19 +46,19 @@ Group::Group(Runtime& runtime, std::vector<int> world_ranks)
     throw InvalidArgument("a group lists a rank twice");
   }
   for (std::size_t i = 0; i < ranks_.size(); ++i) {
-    if (ranks_[i] < 0 || ranks_[i] >= runtime.size()) {
+    if (ranks_[i] < 0 || ranks_[i] >= job->size()) {
       throw InvalidArgument("rank " + std::to_string(ranks_[i]) + " is not in the world of " +
-                            std::to_string(runtime.size()) + " ranks");
+                            std::to_string(job->size()) + " ranks");
     }
-    if (ranks_[i] == runtime.rank()) my_index_ = static_cast<int>(i);
+    if (ranks_[i] == job->rank()) my_index_ = static_cast<int>(i);
   }
-  id_ = runtime.next_group_id(hash_ranks(ranks_));
+  id_ = job->next_group_id(hash_ranks(ranks_));
   send_seq_.assign(ranks_.size(), 0);
   recv_seq_.assign(ranks_.size(), 0);
 }
 
-std::shared_ptr<Runtime> Group::live(const char* what) const {
-  std::shared_ptr<Runtime> rt = runtime_.lock();
+std::shared_ptr<Job> Group::live(const char* what) const {
+  std::shared_ptr<Job> rt = job_.lock();
   if (!rt) {
     throw Error(std::string(what) + ": tnt_comm was finalized; this group (and every collective) "
                 "can no longer be used in this process");
@@ -66,7 +66,7 @@ std::shared_ptr<Runtime> Group::live(const char* what) const {
   return rt;
 }
 
-const std::shared_ptr<const Members>& Group::members(Runtime& rt) {
+const std::shared_ptr<const Members>& Group::members(Job& rt) {
   if (members_) return members_;
   auto m = std::make_shared<Members>();
   m->fabric = &rt.fabric();
@@ -88,8 +88,8 @@ const std::shared_ptr<const Members>& Group::members(Runtime& rt) {
       }
     }
   }
-  m->host_aware = rt.allreduce_algorithm() != "flat" && host_aware_fits(*m);
-  m->via_leaders = rt.allreduce_algorithm() != "flat" && leaders_fit(*m);
+  m->host_aware = rt.identity().allreduce != "flat" && host_aware_fits(*m);
+  m->via_leaders = rt.identity().allreduce != "flat" && leaders_fit(*m);
   m->shared_arenas = std::all_of(ranks_.begin(), ranks_.end(), [&](int r) { return rt.fabric().arena_of(r) != nullptr; });
   members_ = std::move(m);
   return members_;
@@ -128,7 +128,7 @@ void Group::check_peer(int peer, const char* what) const {
 }
 
 namespace {
-bool in_arena(Runtime& rt, const void* p, std::size_t bytes) {
+bool in_arena(Job& rt, const void* p, std::size_t bytes) {
   const std::shared_ptr<SharedArena>& arena = rt.fabric().arena();
   return arena && arena->offset_of(p, bytes).has_value();
 }
@@ -136,7 +136,7 @@ bool in_arena(Runtime& rt, const void* p, std::size_t bytes) {
 
 template <typename Make>
 Work Group::run(const char* what, bool blocking, Callback on_done, Make make) {
-  std::shared_ptr<Runtime> rt = live(what);
+  std::shared_ptr<Job> rt = live(what);
   std::unique_lock<std::mutex> lock(order_mutex_);
   const std::thread::id me = std::this_thread::get_id();
   if (blocked_ > 0 && blocked_thread_ != me) refuse_second_thread(*rt, what);
@@ -157,7 +157,7 @@ Work Group::run(const char* what, bool blocking, Callback on_done, Make make) {
   return work;
 }
 
-void Group::refuse_second_thread(Runtime& rt, const char* what) {
+void Group::refuse_second_thread(Job& rt, const char* what) {
   std::string ranks;
   for (int r : ranks_) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
   const std::string message =
@@ -172,11 +172,11 @@ void Group::refuse_second_thread(Runtime& rt, const char* what) {
   throw CollectiveMismatch(message, std::move(detail));
 }
 
-Work Group::submit(Runtime& rt, const std::shared_ptr<Operation>& op, bool background,
+Work Group::submit(Job& rt, const std::shared_ptr<Operation>& op, bool background,
                    Callback on_done) {
   if (on_done) op->set_callback(std::move(on_done));
   rt.engine().submit(op, background);
-  return Work(op, runtime_);
+  return Work(op, job_);
 }
 
 namespace {
@@ -189,7 +189,7 @@ std::shared_ptr<Operation> labelled(std::shared_ptr<Operation> op, const char* a
 
 }  // namespace
 
-std::shared_ptr<Operation> Group::allreduce_op(Runtime& rt, const void* in, void* out, std::size_t count,
+std::shared_ptr<Operation> Group::allreduce_op(Job& rt, const void* in, void* out, std::size_t count,
                                                DType dtype, ReduceOp op) {
   check("allreduce", dtype, count, in, out);
   if (!is_valid(op)) throw InvalidArgument("allreduce: unknown reduction operator");
@@ -223,24 +223,24 @@ std::shared_ptr<Operation> Group::allreduce_op(Runtime& rt, const void* in, void
 
 Work Group::allreduce_async(const void* in, void* out, std::size_t count, DType dtype, ReduceOp op,
                             Callback on_done) {
-  return run("allreduce", false, std::move(on_done), [&](Runtime& rt) { return allreduce_op(rt, in, out, count, dtype, op); });
+  return run("allreduce", false, std::move(on_done), [&](Job& rt) { return allreduce_op(rt, in, out, count, dtype, op); });
 }
 
-std::shared_ptr<Operation> Group::broadcast_op(Runtime& rt, void* buf, std::size_t count, DType dtype, int root) {
+std::shared_ptr<Operation> Group::broadcast_op(Job& rt, void* buf, std::size_t count, DType dtype, int root) {
   check("broadcast", dtype, count, buf, buf);
   check_peer(root, "broadcast root");
   Descriptor d = next(static_cast<std::uint32_t>(Kind::broadcast), dtype, ReduceOp::sum, root, count);
   return make_broadcast(members(rt), d, buf, count * dtype_size(dtype), root);
 }
 
-std::shared_ptr<Operation> Group::allgather_op(Runtime& rt, const void* in, void* out, std::size_t count, DType dtype) {
+std::shared_ptr<Operation> Group::allgather_op(Job& rt, const void* in, void* out, std::size_t count, DType dtype) {
   check("allgather", dtype, count, in, out);
   Descriptor d = next(static_cast<std::uint32_t>(Kind::allgather), dtype, ReduceOp::sum, 0, count);
   std::vector<std::size_t> bytes(ranks_.size(), count * dtype_size(dtype));
   return make_allgatherv(members(rt), d, in, out, std::move(bytes));
 }
 
-std::shared_ptr<Operation> Group::allgatherv_op(Runtime& rt, const void* in, void* out, const std::vector<std::size_t>& counts,
+std::shared_ptr<Operation> Group::allgatherv_op(Job& rt, const void* in, void* out, const std::vector<std::size_t>& counts,
                              DType dtype) {
   if (counts.size() != ranks_.size()) {
     throw InvalidArgument("allgatherv: counts has " + std::to_string(counts.size()) +
@@ -257,7 +257,7 @@ std::shared_ptr<Operation> Group::allgatherv_op(Runtime& rt, const void* in, voi
   return make_allgatherv(members(rt), d, in, out, std::move(bytes));
 }
 
-std::shared_ptr<Operation> Group::reduce_scatter_op(Runtime& rt, const void* in, void* out, std::size_t count,
+std::shared_ptr<Operation> Group::reduce_scatter_op(Job& rt, const void* in, void* out, std::size_t count,
                                                     DType dtype, ReduceOp op) {
   check("reduce_scatter", dtype, count, in, out);
   if (!is_valid(op)) throw InvalidArgument("reduce_scatter: unknown reduction operator");
@@ -265,7 +265,7 @@ std::shared_ptr<Operation> Group::reduce_scatter_op(Runtime& rt, const void* in,
   return make_reduce_scatter(members(rt), d, in, out, count, dtype, op);
 }
 
-std::shared_ptr<Operation> Group::barrier_op(Runtime& rt) {
+std::shared_ptr<Operation> Group::barrier_op(Job& rt) {
   check("barrier", DType::uint8, 0, nullptr, nullptr);
   Descriptor d = next(static_cast<std::uint32_t>(Kind::barrier), DType::uint8, ReduceOp::sum, 0, 0);
   return make_barrier(members(rt), d);
@@ -290,65 +290,65 @@ Descriptor Group::next_p2p(const char* what, const void* buf, std::size_t count,
   return d;
 }
 
-std::shared_ptr<Operation> Group::send_op(Runtime& rt, const void* buf, std::size_t count, DType dtype, int peer) {
+std::shared_ptr<Operation> Group::send_op(Job& rt, const void* buf, std::size_t count, DType dtype, int peer) {
   const Descriptor d = next_p2p("send", buf, count, dtype, peer, true);
   return make_send(members(rt), d, buf, count * dtype_size(dtype), peer);
 }
 
-std::shared_ptr<Operation> Group::recv_op(Runtime& rt, void* buf, std::size_t count, DType dtype, int peer) {
+std::shared_ptr<Operation> Group::recv_op(Job& rt, void* buf, std::size_t count, DType dtype, int peer) {
   const Descriptor d = next_p2p("recv", buf, count, dtype, peer, false);
   return make_recv(members(rt), d, buf, count * dtype_size(dtype), peer);
 }
 
 Work Group::broadcast_async(void* buf, std::size_t count, DType dtype, int root, Callback on_done) {
-  return run("broadcast", false, std::move(on_done), [&](Runtime& rt) { return broadcast_op(rt, buf, count, dtype, root); });
+  return run("broadcast", false, std::move(on_done), [&](Job& rt) { return broadcast_op(rt, buf, count, dtype, root); });
 }
 Work Group::allgather_async(const void* in, void* out, std::size_t count, DType dtype) {
-  return run("allgather", false, {}, [&](Runtime& rt) { return allgather_op(rt, in, out, count, dtype); });
+  return run("allgather", false, {}, [&](Job& rt) { return allgather_op(rt, in, out, count, dtype); });
 }
 Work Group::allgatherv_async(const void* in, void* out, const std::vector<std::size_t>& counts,
                              DType dtype) {
-  return run("allgatherv", false, {}, [&](Runtime& rt) { return allgatherv_op(rt, in, out, counts, dtype); });
+  return run("allgatherv", false, {}, [&](Job& rt) { return allgatherv_op(rt, in, out, counts, dtype); });
 }
 Work Group::reduce_scatter_async(const void* in, void* out, std::size_t count, DType dtype,
                                  ReduceOp op) {
-  return run("reduce_scatter", false, {}, [&](Runtime& rt) { return reduce_scatter_op(rt, in, out, count, dtype, op); });
+  return run("reduce_scatter", false, {}, [&](Job& rt) { return reduce_scatter_op(rt, in, out, count, dtype, op); });
 }
 Work Group::barrier_async() {
-  return run("barrier", false, {}, [&](Runtime& rt) { return barrier_op(rt); });
+  return run("barrier", false, {}, [&](Job& rt) { return barrier_op(rt); });
 }
 Work Group::send_async(const void* buf, std::size_t count, DType dtype, int peer) {
-  return run("send", false, {}, [&](Runtime& rt) { return send_op(rt, buf, count, dtype, peer); });
+  return run("send", false, {}, [&](Job& rt) { return send_op(rt, buf, count, dtype, peer); });
 }
 Work Group::recv_async(void* buf, std::size_t count, DType dtype, int peer) {
-  return run("recv", false, {}, [&](Runtime& rt) { return recv_op(rt, buf, count, dtype, peer); });
+  return run("recv", false, {}, [&](Job& rt) { return recv_op(rt, buf, count, dtype, peer); });
 }
 
 // Blocking forms drive the operation on the calling thread: no hand-off to the progress thread.
 void Group::allreduce(const void* in, void* out, std::size_t count, DType dtype, ReduceOp op) {
-  run("allreduce", true, {}, [&](Runtime& rt) { return allreduce_op(rt, in, out, count, dtype, op); });
+  run("allreduce", true, {}, [&](Job& rt) { return allreduce_op(rt, in, out, count, dtype, op); });
 }
 void Group::broadcast(void* buf, std::size_t count, DType dtype, int root) {
-  run("broadcast", true, {}, [&](Runtime& rt) { return broadcast_op(rt, buf, count, dtype, root); });
+  run("broadcast", true, {}, [&](Job& rt) { return broadcast_op(rt, buf, count, dtype, root); });
 }
 void Group::allgather(const void* in, void* out, std::size_t count, DType dtype) {
-  run("allgather", true, {}, [&](Runtime& rt) { return allgather_op(rt, in, out, count, dtype); });
+  run("allgather", true, {}, [&](Job& rt) { return allgather_op(rt, in, out, count, dtype); });
 }
 void Group::allgatherv(const void* in, void* out, const std::vector<std::size_t>& counts,
                        DType dtype) {
-  run("allgatherv", true, {}, [&](Runtime& rt) { return allgatherv_op(rt, in, out, counts, dtype); });
+  run("allgatherv", true, {}, [&](Job& rt) { return allgatherv_op(rt, in, out, counts, dtype); });
 }
 void Group::reduce_scatter(const void* in, void* out, std::size_t count, DType dtype, ReduceOp op) {
-  run("reduce_scatter", true, {}, [&](Runtime& rt) { return reduce_scatter_op(rt, in, out, count, dtype, op); });
+  run("reduce_scatter", true, {}, [&](Job& rt) { return reduce_scatter_op(rt, in, out, count, dtype, op); });
 }
 void Group::barrier() {
-  run("barrier", true, {}, [&](Runtime& rt) { return barrier_op(rt); });
+  run("barrier", true, {}, [&](Job& rt) { return barrier_op(rt); });
 }
 void Group::send(const void* buf, std::size_t count, DType dtype, int peer) {
-  run("send", true, {}, [&](Runtime& rt) { return send_op(rt, buf, count, dtype, peer); });
+  run("send", true, {}, [&](Job& rt) { return send_op(rt, buf, count, dtype, peer); });
 }
 void Group::recv(void* buf, std::size_t count, DType dtype, int peer) {
-  run("recv", true, {}, [&](Runtime& rt) { return recv_op(rt, buf, count, dtype, peer); });
+  run("recv", true, {}, [&](Job& rt) { return recv_op(rt, buf, count, dtype, peer); });
 }
 
 }  // namespace tnt

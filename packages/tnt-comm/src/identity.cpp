@@ -9,7 +9,6 @@
 #include <unistd.h>
 
 #include "tnt_comm/types.hpp"
-#include "transport/gpi2.hpp"
 
 namespace tnt {
 namespace {
@@ -153,7 +152,8 @@ void read_tnt_launch(Identity& id) {
   if (const char* job = env("TNT_JOB_ID")) id.job_id = job;
 }
 
-// What holds for every job however it was formed: a job id fit for file names, a known transport.
+// What holds for every job however it was formed: a job id fit for file names. The transport is
+// read here and checked against what this build has by the transport layer (Fabric::check_transport).
 void check_job_id_and_read_transport(Identity& id) {
   for (char c : id.job_id) {
     if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_') {
@@ -161,15 +161,6 @@ void check_job_id_and_read_transport(Identity& id) {
     }
   }
   if (const char* t = env("TNT_TRANSPORT")) id.transport = t;
-  const bool have_gpi2 = !gpi2_build().version.empty();
-  if (id.transport == "gpi2" && !have_gpi2) {
-    throw InvalidArgument("TNT_TRANSPORT=gpi2: this build of tnt-comm has no GPI-2 transport (build "
-                          "it with GPI2_ROOT set, see docs/comm.md); use auto, shm or tcp");
-  }
-  if (id.transport != "auto" && id.transport != "shm" && id.transport != "tcp" && id.transport != "gpi2") {
-    throw InvalidArgument("TNT_TRANSPORT=" + id.transport + " is not one of auto, shm, tcp" +
-                          (have_gpi2 ? ", gpi2" : ""));
-  }
 }
 
 }  // namespace

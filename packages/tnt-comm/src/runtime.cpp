@@ -1,17 +1,11 @@
 #include "tnt_comm/runtime.hpp"
 
-#include <sched.h>
-
-#include <algorithm>
 #include <iterator>
-#include <cstdio>
-#include <cstdlib>
 #include <mutex>
-#include <thread>
 
-#include "collectives/channel.hpp"
 #include "engine/engine.hpp"
-#include "rendezvous/rendezvous.hpp"
+#include "job.hpp"
+#include "tnt_comm/group.hpp"
 #include "transport/fabric.hpp"
 
 namespace tnt {
@@ -29,60 +23,30 @@ void refuse_after_finalize() {
   }
 }
 
-int cpus_available() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
-  return static_cast<int>(std::thread::hardware_concurrency());
-}
-
 }  // namespace
-
-Runtime::Runtime(const Identity& identity) : identity_(identity) {
-  if (identity_.size == 1) {
-    fabric_ = std::make_unique<Fabric>(identity_);
-  } else {
-    try {
-      const Deadline deadline = deadline_after(identity_.start_timeout_s);
-      Rendezvous rendezvous(identity_, deadline);
-      fabric_ = std::make_unique<Fabric>(identity_, rendezvous.meet(), rendezvous, deadline);
-      rendezvous.finish();
-    } catch (const Timeout& e) {
-      // Every timeout of the start says which limit it ran into, and how to raise it.
-      throw Timeout(std::string(e.what()) + " (the start may take " + format_seconds(identity_.start_timeout_s) +
-                        ": raise TNT_START_TIMEOUT_S, tnt-launch --start-timeout, if ranks start slowly)",
-                    e.detail());
-    }
-  }
-  channels_.resize(static_cast<std::size_t>(identity_.size));
-  for (int r = 0; r < identity_.size; ++r) {
-    if (r != identity_.rank) {
-      channels_[static_cast<std::size_t>(r)] =
-          std::make_unique<Channel>(identity_.rank, r, &fabric_->link(r), fabric_->segment());
-    }
-  }
-  const bool oversubscribed = identity_.local_size > cpus_available();
-  std::vector<Channel*> channels;
-  for (const auto& c : channels_) channels.push_back(c.get());
-  engine_ = std::make_unique<Engine>(*fabric_, std::move(channels), identity_.timeout_s, oversubscribed);
-}
-
-Runtime::~Runtime() {
-  // Order matters: the engine stops driving before the links it drives go away.
-  engine_.reset();
-  fabric_->shutdown();
-}
 
 void Runtime::start(const Identity& identity) {
   refuse_after_finalize();
   if (g_runtime) return;
-  std::shared_ptr<Runtime> runtime(new Runtime(identity));
-  // Groups reach their runtime through a weak reference (they may outlive it), so the world
-  // group is made once a shared_ptr owns the runtime.
+  Fabric::check_transport(identity.transport);
+  std::shared_ptr<Runtime> runtime(new Runtime(std::make_shared<Job>(identity)));
   std::vector<int> all(static_cast<std::size_t>(identity.size));
   for (int r = 0; r < identity.size; ++r) all[static_cast<std::size_t>(r)] = r;
-  runtime->world_ = std::make_shared<Group>(*runtime, std::move(all));
+  runtime->world_ = std::make_shared<Group>(runtime->job_, std::move(all));
   g_runtime = std::move(runtime);
 }
+
+Runtime::Runtime(std::shared_ptr<Job> job) : job_(std::move(job)) {}
+
+Runtime::~Runtime() = default;
+
+const Identity& Runtime::identity() const { return job_->identity(); }
+int Runtime::rank() const { return job_->rank(); }
+int Runtime::size() const { return job_->size(); }
+const std::string& Runtime::allreduce_algorithm() const { return job_->identity().allreduce; }
+Fabric& Runtime::fabric() { return job_->fabric(); }
+Engine& Runtime::engine() { return job_->engine(); }
+Channel* Runtime::channel(int world_rank) { return job_->channel(world_rank); }
 
 Runtime& Runtime::init() {
   std::lock_guard<std::mutex> lock(g_mutex);
@@ -109,10 +73,11 @@ void Runtime::finalize() {
     if (runtime) g_finalized = true;
   }
   if (!runtime) return;
-  if (runtime->fabric_->failed()) return;
-  runtime->engine_->drain();
-  runtime->fabric_->say_goodbye();
-  runtime->settle();
+  Job& job = *runtime->job_;
+  if (job.fabric().failed()) return;
+  job.engine().drain();
+  job.fabric().say_goodbye();
+  job.settle();
 }
 
 void Runtime::abandon(const std::string& error) {
@@ -121,48 +86,16 @@ void Runtime::abandon(const std::string& error) {
     std::lock_guard<std::mutex> lock(g_mutex);
     runtime = g_runtime;
   }
-  if (!runtime || runtime->fabric_->failed()) return;
+  if (!runtime || runtime->fabric().failed()) return;
   ErrorDetail detail;
   detail.ranks = {runtime->rank()};
   detail.peer_error = error;
-  runtime->fabric_->fail(FailureKind::peer, std::move(detail),
+  runtime->fabric().fail(FailureKind::peer, std::move(detail),
                          "rank " + std::to_string(runtime->rank()) + " failed (" + error + ")", true);
 }
 
-// A collective completes on this rank once it has what it needs, which may be before its peers
-// have what this rank sent them: over TCP or GPI-2 those bytes can still sit in this host's socket
-// buffers. A process that exited then could lose them (a socket closed with unread data is reset,
-// and the reset drops what was not yet transmitted), and a peer still in that collective would
-// wait for data that never comes. So this rank leaves once every peer has consumed its messages
-// (acknowledgements are sent as messages are consumed) or has said goodbye itself, having then
-// consumed all it ever will.
-void Runtime::settle() {
-  const Deadline until = deadline_after(identity_.timeout_s);
-  Doorbell bell = fabric_->doorbell();
-  while (!fabric_->failed()) {
-    const std::uint32_t seen = bell.value();
-    std::string waiting;
-    for (int r = 0; r < identity_.size; ++r) {
-      const Channel* c = channels_[static_cast<std::size_t>(r)].get();
-      if (c != nullptr && c->unconsumed() > 0 && !fabric_->heard_goodbye(r)) {
-        waiting += (waiting.empty() ? "" : ", ") + std::to_string(r);
-      }
-    }
-    if (waiting.empty()) return;
-    if (Clock::now() >= until) {
-      std::fprintf(stderr,
-                   "tnt_comm: rank %d leaves after waiting %s (the collective timeout) for rank(s) %s to "
-                   "read the last messages it sent them; they may report it as failed\n",
-                   identity_.rank, format_seconds(identity_.timeout_s).c_str(), waiting.c_str());
-      return;
-    }
-    // Acknowledgements ring the doorbell; a goodbye heard over TCP may not, hence the bound.
-    bell.sleep(seen, std::min(0.01, std::max(0.0, seconds_left(until))));
-  }
-}
-
 std::shared_ptr<Group> Runtime::new_group(std::vector<int> world_ranks) {
-  auto group = std::make_shared<Group>(*this, std::move(world_ranks));
+  auto group = std::make_shared<Group>(job_, std::move(world_ranks));
   std::lock_guard<std::mutex> lock(groups_mutex_);
   for (auto it = groups_by_id_.begin(); it != groups_by_id_.end();) {  // forget the groups that went
     it = it->second.expired() ? groups_by_id_.erase(it) : std::next(it);
@@ -178,15 +111,8 @@ std::shared_ptr<Group> Runtime::find_group(std::uint64_t id) {
   return it == groups_by_id_.end() ? nullptr : it->second.lock();
 }
 
-std::uint64_t Runtime::next_group_id(std::uint64_t ranks_hash) {
-  std::lock_guard<std::mutex> lock(groups_mutex_);
-  const std::uint64_t nth = groups_made_[ranks_hash]++;
-  // The first group of a rank list keeps the plain hash; later ones mix in their number.
-  return nth == 0 ? ranks_hash : ranks_hash ^ ((nth + 1) * 0xbf58476d1ce4e5b9ull);
-}
-
 std::shared_ptr<void> Runtime::allocate_shared(std::size_t bytes) {
-  std::shared_ptr<SharedArena> arena = fabric_->arena();
+  std::shared_ptr<SharedArena> arena = fabric().arena();
   if (!arena) return nullptr;
   std::byte* block = arena->allocate(bytes);
   return std::shared_ptr<void>(block, [arena](void* p) { arena->release(static_cast<std::byte*>(p)); });
@@ -194,7 +120,7 @@ std::shared_ptr<void> Runtime::allocate_shared(std::size_t bytes) {
 
 std::vector<std::string> Runtime::transports() const {
   std::vector<std::string> out;
-  for (int r = 0; r < identity_.size; ++r) out.push_back(fabric_->transport(r));
+  for (int r = 0; r < size(); ++r) out.push_back(job_->fabric().transport(r));
   return out;
 }
 

@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "engine/engine.hpp"
-#include "tnt_comm/runtime.hpp"
+#include "job.hpp"
 
 namespace tnt {
 
@@ -11,8 +11,8 @@ bool Work::wait(std::optional<double> timeout_s) {
   if (timeout_s && std::isnan(*timeout_s)) throw InvalidArgument("Work.wait: the timeout is NaN");
   if (!op_) return true;
   if (!op_->completed()) {
-    std::shared_ptr<Runtime> runtime = runtime_.lock();
-    if (runtime) return runtime->engine().wait(*op_, timeout_s);
+    std::shared_ptr<Job> job = job_.lock();
+    if (job) return job->engine().wait(*op_, timeout_s);
     // finalize() completes every operation before the runtime goes: only a wait racing it lands here.
     if (!op_->completed()) throw Error("Work.wait: tnt_comm was finalized while the operation was running");
   }

@@ -1,12 +1,15 @@
 /* The small versioned C ABI of tnt-comm. Other native extensions (the TensorFlow op of tnt-keras)
  * fetch this table from the Python capsule `tnt_comm._core._C_API` (capsule name
  * "tnt_comm._C_API") and so share the one runtime of the process instead of loading a second copy.
- * Everything a caller needs is here: the codes of element types, reductions and error kinds, and
- * errors as data (kind, blamed ranks, the call), so that no caller reads them out of a message. */
+ * Everything a caller needs is here or in codes.h, which it includes: the codes of element types,
+ * reductions and error kinds, and errors as data (kind, blamed ranks, the call), so that no caller
+ * reads them out of a message. */
 #ifndef TNT_COMM_C_API_H
 #define TNT_COMM_C_API_H
 
 #include <stdint.h>
+
+#include "tnt_comm/codes.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -14,30 +17,6 @@ extern "C" {
 
 #define TNT_COMM_C_API_VERSION 3
 #define TNT_COMM_C_API_CAPSULE "tnt_comm._C_API"
-
-/* Element types (tnt::DType takes its values from here). Never renumbered. */
-enum tnt_comm_dtype {
-  TNT_COMM_FLOAT16 = 0,
-  TNT_COMM_BFLOAT16 = 1,
-  TNT_COMM_FLOAT32 = 2,
-  TNT_COMM_FLOAT64 = 3,
-  TNT_COMM_INT32 = 4,
-  TNT_COMM_INT64 = 5,
-  TNT_COMM_UINT8 = 6
-};
-
-/* Reductions (tnt::ReduceOp takes its values from here). Never renumbered. */
-enum tnt_comm_op { TNT_COMM_SUM = 0, TNT_COMM_PROD = 1, TNT_COMM_MIN = 2, TNT_COMM_MAX = 3, TNT_COMM_AVG = 4 };
-
-/* Error kinds: the classes of tnt::Error (and of tnt_comm's Python exceptions). */
-enum tnt_comm_error_kind {
-  TNT_COMM_ERROR = 1,               /* tnt::Error, none of the below */
-  TNT_COMM_COLLECTIVE_MISMATCH = 2, /* ranks made different calls */
-  TNT_COMM_PEER_FAILURE = 3,        /* a peer died, disconnected or left early */
-  TNT_COMM_TIMEOUT = 4,             /* no progress within the limit */
-  TNT_COMM_INVALID_ARGUMENT = 5,    /* bad arguments */
-  TNT_COMM_OTHER = 6                /* not an error of tnt-comm's (std::bad_alloc, ...) */
-};
 
 /* An error, as data (tnt::ErrorDetail). Its strings and ranks are valid only during the callback
  * that receives it, or, from last_error, until the next call of this table on the same thread. */

@@ -1,11 +1,11 @@
-// Tensor fusion: many small allreduces packed into fewer large ones.
+// Tensor fusion's plan: many small tensors packed into fewer large buckets, where each lies in a
+// fused buffer, and the packing. Pure computation; FusedAllreduce (fused_allreduce.hpp) runs it
+// over a group.
 #pragma once
 
 #include <cstddef>
-#include <memory>
 #include <vector>
 
-#include "tnt_comm/group.hpp"
 #include "tnt_comm/types.hpp"
 
 namespace tnt {
@@ -41,42 +41,5 @@ void pack_tensor(const FusedLayout& layout, std::size_t i, const void* src, DTyp
 // Groups tensors, in the order given, into buckets: a bucket closes once it holds at least
 // `threshold_bytes` (0: one tensor per bucket) or when the next tensor has another dtype.
 std::vector<Bucket> plan_buckets(const std::vector<TensorSpec>& tensors, std::size_t threshold_bytes);
-
-// Allreduce of a fixed list of tensors through fusion buckets, reusable step after step. A bucket
-// starts as soon as its last tensor is handed over and every earlier bucket has started, so buckets
-// start and complete in the same order on every rank whatever order tensors arrive in. Buckets
-// lie in the rank's shared arena where it has one (Runtime::allocate_shared), so large ones take
-// the single-copy allreduce.
-class FusedAllreduce {
- public:
-  // `group` comes from Runtime::world_group() or new_group(); it is kept alive by this object.
-  FusedAllreduce(Group& group, std::vector<TensorSpec> tensors, std::size_t threshold_bytes,
-                 ReduceOp op);
-  ~FusedAllreduce();
-
-  std::size_t num_tensors() const { return tensors_.size(); }
-  const std::vector<Bucket>& buckets() const { return buckets_; }
-
-  // Hands tensor i over (its data is copied at once), times *scale where scale is not null, as
-  // pack_tensor scales: one pass over the data, instead of scaling it first.
-  void start(std::size_t i, const void* data, const float* scale = nullptr);
-  // Waits for tensor i's bucket and copies its reduced values to `out`.
-  void wait(std::size_t i, void* out);
-  // Whether tensor i's bucket has completed (false until it started).
-  bool is_ready(std::size_t i) const;
-
- private:
-  struct BucketState;
-  void launch_ready_buckets();
-
-  std::shared_ptr<Group> group_;
-  std::vector<TensorSpec> tensors_;
-  std::vector<Bucket> buckets_;
-  ReduceOp op_;
-  std::vector<std::size_t> bucket_of_;  // tensor -> bucket
-  std::vector<std::unique_ptr<BucketState>> state_;
-  std::size_t next_launch_ = 0;
-  std::size_t round_waited_ = 0;
-};
 
 }  // namespace tnt

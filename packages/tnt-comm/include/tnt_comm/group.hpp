@@ -17,7 +17,7 @@
 
 namespace tnt {
 
-class Runtime;
+class Job;
 class Operation;
 struct Descriptor;
 struct Members;
@@ -34,9 +34,9 @@ void set_thread_name(const std::string& name);
 
 class Group : public std::enable_shared_from_this<Group> {
  public:
-  // Made by Runtime::new_group and Runtime::world_group (a Group outlives its runtime safely: its
-  // calls then throw Error).
-  Group(Runtime& runtime, std::vector<int> world_ranks);
+  // Made by Runtime::new_group and Runtime::world_group, over the runtime's job (a Group outlives
+  // it safely: its calls then throw Error).
+  Group(const std::shared_ptr<Job>& job, std::vector<int> world_ranks);
 
   int rank() const { return my_index_; }  // index of this process in the group, -1 if not a member
   int size() const { return static_cast<int>(ranks_.size()); }
@@ -71,36 +71,36 @@ class Group : public std::enable_shared_from_this<Group> {
   void recv(void* buf, std::size_t count, DType dtype, int peer);
 
  private:
-  // The runtime, kept alive for the call; throws once it was finalized.
-  std::shared_ptr<Runtime> live(const char* what) const;
+  // The job, kept alive for the call; throws once the runtime was finalized.
+  std::shared_ptr<Job> live(const char* what) const;
   // Every call: numbered and submitted under the group's order lock (so its sequence number and
   // its place on the channels agree), refused while another thread waits in a blocking call of
   // this group, and waited for when `blocking`.
   template <typename Make>
   Work run(const char* what, bool blocking, Callback on_done, Make make);
-  [[noreturn]] void refuse_second_thread(Runtime& rt, const char* what);
-  Work submit(Runtime& rt, const std::shared_ptr<Operation>& op, bool background, Callback on_done = {});
+  [[noreturn]] void refuse_second_thread(Job& rt, const char* what);
+  Work submit(Job& rt, const std::shared_ptr<Operation>& op, bool background, Callback on_done = {});
   void check(const char* what, DType dtype, std::size_t count, const void* a, const void* b) const;
   void check_peer(int peer, const char* what) const;
   Descriptor next(std::uint32_t kind, DType dtype, ReduceOp op, int root, std::uint64_t count);
   // Checks a send (`sending`) or recv and describes its message: the next of those between this
   // rank and `peer` in that direction.
   Descriptor next_p2p(const char* what, const void* buf, std::size_t count, DType dtype, int peer, bool sending);
-  const std::shared_ptr<const Members>& members(Runtime& rt);
+  const std::shared_ptr<const Members>& members(Job& rt);
   // Each collective's operation, checked and sequenced; *_async and the blocking forms submit it.
-  std::shared_ptr<Operation> allreduce_op(Runtime& rt, const void* in, void* out, std::size_t count, DType dtype,
+  std::shared_ptr<Operation> allreduce_op(Job& rt, const void* in, void* out, std::size_t count, DType dtype,
                                           ReduceOp op);
-  std::shared_ptr<Operation> broadcast_op(Runtime& rt, void* buf, std::size_t count, DType dtype, int root);
-  std::shared_ptr<Operation> allgather_op(Runtime& rt, const void* in, void* out, std::size_t count, DType dtype);
-  std::shared_ptr<Operation> allgatherv_op(Runtime& rt, const void* in, void* out,
+  std::shared_ptr<Operation> broadcast_op(Job& rt, void* buf, std::size_t count, DType dtype, int root);
+  std::shared_ptr<Operation> allgather_op(Job& rt, const void* in, void* out, std::size_t count, DType dtype);
+  std::shared_ptr<Operation> allgatherv_op(Job& rt, const void* in, void* out,
                                            const std::vector<std::size_t>& counts, DType dtype);
-  std::shared_ptr<Operation> reduce_scatter_op(Runtime& rt, const void* in, void* out, std::size_t count,
+  std::shared_ptr<Operation> reduce_scatter_op(Job& rt, const void* in, void* out, std::size_t count,
                                                DType dtype, ReduceOp op);
-  std::shared_ptr<Operation> barrier_op(Runtime& rt);
-  std::shared_ptr<Operation> send_op(Runtime& rt, const void* buf, std::size_t count, DType dtype, int peer);
-  std::shared_ptr<Operation> recv_op(Runtime& rt, void* buf, std::size_t count, DType dtype, int peer);
+  std::shared_ptr<Operation> barrier_op(Job& rt);
+  std::shared_ptr<Operation> send_op(Job& rt, const void* buf, std::size_t count, DType dtype, int peer);
+  std::shared_ptr<Operation> recv_op(Job& rt, void* buf, std::size_t count, DType dtype, int peer);
 
-  std::weak_ptr<Runtime> runtime_;
+  std::weak_ptr<Job> job_;
   int world_rank_ = -1;  // of this process
   std::vector<int> ranks_;
   int my_index_ = -1;

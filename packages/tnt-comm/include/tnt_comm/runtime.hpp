@@ -1,5 +1,5 @@
-// The one runtime of a process: identity, rendezvous store, links to every peer, progress engine.
-// It is the only global mutable state of tnt-comm.
+// The one runtime of a process: its job (identity, links to every peer, progress engine: job.hpp),
+// the world and the groups made over it. It is the only global mutable state of tnt-comm.
 #pragma once
 
 #include <cstdint>
@@ -17,8 +17,9 @@ namespace tnt {
 class Fabric;
 class Engine;
 class Channel;
+class Job;
 
-class Runtime : public std::enable_shared_from_this<Runtime> {
+class Runtime {
  public:
   // Initialises the runtime from the environment on first call; later calls return it. After
   // finalize() it throws: a process runs one job, as with MPI_Init.
@@ -41,9 +42,9 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
 
-  const Identity& identity() const { return identity_; }
-  int rank() const { return identity_.rank; }
-  int size() const { return identity_.size; }
+  const Identity& identity() const;
+  int rank() const;
+  int size() const;
   Group& world() { return *world_; }
   std::shared_ptr<Group> world_group() { return world_; }
   // A sub-group; every member must create it (creation itself does not communicate). Groups of
@@ -54,8 +55,6 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   // The live group of this id (Group::id) that new_group made, the world for 0 or its own id;
   // null where no such group lives on this rank (the C ABI names groups by id).
   std::shared_ptr<Group> find_group(std::uint64_t id);
-  // The identity of the next group of these ranks (used by Group's constructor).
-  std::uint64_t next_group_id(std::uint64_t ranks_hash);
   // Transport used towards each world rank ("self", "shm" or "tcp").
   std::vector<std::string> transports() const;
 
@@ -67,25 +66,20 @@ class Runtime : public std::enable_shared_from_this<Runtime> {
   std::shared_ptr<void> allocate_shared(std::size_t bytes);
 
   // "auto" (host-aware across hosts where it fits) or "flat" (TNT_ALLREDUCE).
-  const std::string& allreduce_algorithm() const { return identity_.allreduce; }
-  Fabric& fabric() { return *fabric_; }
-  Engine& engine() { return *engine_; }
-  Channel* channel(int world_rank) { return channels_[static_cast<std::size_t>(world_rank)].get(); }
+  const std::string& allreduce_algorithm() const;
+  // The job's parts (job.hpp), for code inside tnt-comm and its tests.
+  Fabric& fabric();
+  Engine& engine();
+  Channel* channel(int world_rank);
 
  private:
-  explicit Runtime(const Identity& identity);
+  explicit Runtime(std::shared_ptr<Job> job);
   // Needs the global lock: creates the runtime unless it runs, refuses after finalize().
   static void start(const Identity& identity);
-  // Waits until every peer has consumed the messages this rank sent it, or has said goodbye.
-  void settle();
 
-  Identity identity_;
-  std::unique_ptr<Fabric> fabric_;
-  std::vector<std::unique_ptr<Channel>> channels_;
-  std::unique_ptr<Engine> engine_;
+  std::shared_ptr<Job> job_;  // groups and Work handles hold it weakly: finalize() drops it
   std::shared_ptr<Group> world_;
   std::mutex groups_mutex_;
-  std::map<std::uint64_t, std::uint64_t> groups_made_;  // by hash of the rank list
   std::map<std::uint64_t, std::weak_ptr<Group>> groups_by_id_;  // what new_group made
 };
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "tnt_comm/build_info.hpp"
+#include "tnt_comm/fused_allreduce.hpp"
 #include "tnt_comm/fusion.hpp"
 #include "tnt_comm/group.hpp"
 #include "tnt_comm/identity.hpp"

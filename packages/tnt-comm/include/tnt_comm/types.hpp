@@ -8,11 +8,11 @@
 #include <utility>
 #include <vector>
 
-#include "tnt_comm/c_api.h"
+#include "tnt_comm/codes.h"
 
 namespace tnt {
 
-// The codes of the C ABI (c_api.h), which holds them once.
+// The codes of the C ABI, which codes.h holds once.
 enum class DType : std::int32_t {
   float16 = TNT_COMM_FLOAT16,
   bfloat16 = TNT_COMM_BFLOAT16,

@@ -7,13 +7,12 @@
 namespace tnt {
 
 class Operation;
-class Runtime;
+class Job;
 
 class Work {
  public:
   Work() = default;
-  Work(std::shared_ptr<Operation> op, std::weak_ptr<Runtime> runtime)
-      : op_(std::move(op)), runtime_(std::move(runtime)) {}
+  Work(std::shared_ptr<Operation> op, std::weak_ptr<Job> job) : op_(std::move(op)), job_(std::move(job)) {}
 
   // Blocks until the operation completes; rethrows its error. With a timeout (seconds), returns
   // false if it has not completed by then (the operation keeps running). An infinite or huge
@@ -28,7 +27,7 @@ class Work {
 
  private:
   std::shared_ptr<Operation> op_;
-  std::weak_ptr<Runtime> runtime_;
+  std::weak_ptr<Job> job_;  // the runtime's: gone after finalize()
 };
 
 }  // namespace tnt

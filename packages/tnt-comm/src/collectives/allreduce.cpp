@@ -9,7 +9,7 @@
 namespace tnt {
 namespace {
 
-constexpr std::uint32_t kResultTag = 0x80000000u;
+constexpr std::uint32_t kResultTag = tags::kSecondKind;  // the reduced result, not a peer's part
 
 class AllreduceOneShot final : public Operation {
  public:
@@ -182,7 +182,7 @@ class ReduceToOwners final : public Operation {
       while (const MessageHeader* h = recvs_[p].next(desc_, &index)) {
         advanced = true;
         if (h->tag & kResultTag) {
-          const std::size_t c = h->tag & ~kResultTag;
+          const std::size_t c = h->tag & tags::kChunkMask;
           if (h->bytes > 0) std::memcpy(out_full_ + offsets_[p] + c * p_bytes, recvs_[p].payload(h), h->bytes);
           recvs_[p].consume(index);
         } else {

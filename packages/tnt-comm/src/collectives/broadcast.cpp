@@ -10,9 +10,6 @@
 namespace tnt {
 namespace {
 
-constexpr std::uint32_t kAckTag = 0xfffffffeu;
-constexpr std::uint32_t kCompleteTag = 0xffffffffu;
-
 class Broadcast final : public Operation {
  public:
   Broadcast(std::shared_ptr<const Members> m, Descriptor d, void* buf, std::size_t bytes, int root)
@@ -57,7 +54,7 @@ class Broadcast final : public Operation {
     if (acks_ == members_->size() - 1) {
       for (std::size_t p = 0; p < sends_.size(); ++p) {
         if (static_cast<int>(p) != root_ && sends_[p].ready()) {
-          sends_[p].send(desc_, kCompleteTag, nullptr, 0);
+          sends_[p].send(desc_, tags::kComplete, nullptr, 0);
           advanced = true;
         }
       }
@@ -79,7 +76,7 @@ class Broadcast final : public Operation {
       advanced = true;
     }
     if (received_ == chunks_ && sends_[root].ready()) {
-      sends_[root].send(desc_, kAckTag, nullptr, 0);
+      sends_[root].send(desc_, tags::kAck, nullptr, 0);
       advanced = true;
     }
     return advanced;

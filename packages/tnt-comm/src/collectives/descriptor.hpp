@@ -56,9 +56,19 @@ struct Descriptor {
 // Sits at the start of every message slot.
 struct MessageHeader {
   Descriptor desc;
-  std::uint32_t tag;    // which piece of the operation this message is
+  std::uint32_t tag;    // which piece of the operation this message is (see the tags below)
   std::uint32_t bytes;  // payload bytes that follow the header
 };
+
+// The tags of messages, one space for every algorithm: the low bits number an operation's chunks;
+// the top bit marks a second kind of chunk (an allreduce's reduced result, a blocking sender's
+// data); the two highest values are control messages without data.
+namespace tags {
+constexpr std::uint32_t kChunkMask = 0x7fffffffu;
+constexpr std::uint32_t kSecondKind = 0x80000000u;  // allreduce: a result chunk; send: its caller blocks
+constexpr std::uint32_t kAck = 0xfffffffeu;         // broadcast: a member has every chunk
+constexpr std::uint32_t kComplete = 0xffffffffu;    // broadcast: every member has every chunk
+}  // namespace tags
 static_assert(sizeof(MessageHeader) <= 64, "a message header must fit its 64 bytes");
 
 }  // namespace tnt

@@ -15,7 +15,7 @@ namespace {
 // data of a later send in the other direction (isend/irecv pairs posted in either order).
 constexpr std::uint64_t kControlSalt = 0x632be59bd9b4e019ull;
 // Set in the tag of data sent by a blocking send: its caller waits for this very message.
-constexpr std::uint32_t kBlockedSender = 0x80000000u;
+constexpr std::uint32_t kBlockedSender = tags::kSecondKind;
 
 class Send final : public Operation {
  public:
@@ -85,7 +85,7 @@ class Recv final : public Operation {
     RecvStream& r = recvs_[p];
     std::uint64_t index;
     while (const MessageHeader* h = r.next(desc_, &index)) {
-      const std::size_t chunk = h->tag & ~kBlockedSender;
+      const std::size_t chunk = h->tag & tags::kChunkMask;
       if (h->bytes > 0) std::memcpy(buf_ + chunk * members_->payload_bytes(), r.payload(h), h->bytes);
       r.consume(index);
       advanced = true;

@@ -303,6 +303,17 @@ void Fabric::send_frame(Peer& peer, FrameHeader::Type type, const std::string& t
   }
 }
 
+void Fabric::check_transport(const std::string& transport) {
+  const bool have_gpi2 = !gpi2_build().version.empty();
+  if (transport == "gpi2" && !have_gpi2) {
+    throw InvalidArgument("TNT_TRANSPORT=gpi2: this build of tnt-comm has no GPI-2 transport (build "
+                          "it with GPI2_ROOT set, see docs/comm.md); use auto, shm or tcp");
+  }
+  if (transport != "auto" && transport != "shm" && transport != "tcp" && transport != "gpi2") {
+    throw InvalidArgument("TNT_TRANSPORT=" + transport + " is not one of auto, shm, tcp" + (have_gpi2 ? ", gpi2" : ""));
+  }
+}
+
 void Fabric::goodbye_from(Peer& peer) {
   peer.left.store(true, std::memory_order_release);
   if (peer.byes_due.fetch_sub(1, std::memory_order_acq_rel) != 1) return;

@@ -29,6 +29,10 @@ class Fabric {
  public:
   static constexpr std::size_t kHeaderBytes = 64;
 
+  // Refuses a transport (TNT_TRANSPORT) that is not one of auto, shm, tcp and gpi2, or gpi2 in a
+  // build without GPI-2, naming what this build has; called before anything starts.
+  static void check_transport(const std::string& transport);
+
   // A single rank's fabric: a segment, no peers.
   explicit Fabric(const Identity& identity);
   // The fabric of a job's ranks, met and connected by the rendezvous (`mesh`): chooses each pair's

@@ -2,7 +2,7 @@
 rank of a job, and how to behave, in one place.
 
 tnt-launch sets them (plan.py, and the agent beside every rank: TNT_REPORT_FD); tnt-comm's runtime
-reads the identity and its limits (runtime.cpp, which names them in C++), tnt-keras reads the output
+reads the identity and its limits (identity.cpp, which names them in C++), tnt-keras reads the output
 policy (runtime.py), and tools that start processes of their own (benchmarks/training.py) clear the
 identity so that a leftover cannot turn a process into a rank. docs/launch.md lists them for users;
 docs/design.md says who reads what.

@@ -73,13 +73,15 @@ def _commands(cxx: list[str], output: str) -> list[list[str]]:
 
 
 def _abi_digest() -> hashlib._Hash:
-    """A hash of what the binary's interface depends on: the op's source and tnt_comm's C ABI header."""
+    """A hash of what the binary's interface depends on: the op's source and tnt_comm's C ABI headers
+    (the table and the codes it includes)."""
     import tnt_comm
 
     digest = hashlib.sha256()
     digest.update(SOURCE.read_bytes())
     digest.update(EXPORTS.read_bytes())
-    digest.update((Path(tnt_comm.get_include()) / "tnt_comm" / "c_api.h").read_bytes())
+    for header in ("c_api.h", "codes.h"):
+        digest.update((Path(tnt_comm.get_include()) / "tnt_comm" / header).read_bytes())
     return digest
 
 

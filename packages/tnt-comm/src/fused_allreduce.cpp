@@ -1,6 +1,6 @@
 #include <cstring>
 
-#include "tnt_comm/fusion.hpp"
+#include "tnt_comm/fused_allreduce.hpp"
 #include "tnt_comm/runtime.hpp"
 
 namespace tnt {
