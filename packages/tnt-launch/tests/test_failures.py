@@ -68,7 +68,10 @@ def test_the_rank_that_raised_is_named_though_the_others_exit_first(launcher: La
     lines = done.stderr.splitlines()
     where = "rank 1 (host localhost, local rank 1)"
     raised = "raised ValueError: planted on rank 1 ..."
-    assert f"tnt-launch: {where} {raised} and is exiting; stopping the job" in lines, done.stderr
+    # (Followed by how many other ranks still run, which depends on how fast ranks 0 and 2 exit.)
+    assert any(line.startswith(f"tnt-launch: {where} {raised} and is exiting; stopping the job") for line in lines), (
+        done.stderr
+    )
     summary = lines.index(f"tnt-launch: job {job_id} failed: {where} {raised} (stopped by tnt-launch while exiting)")
     assert lines[summary + 1:] == [
         "tnt-launch: last lines rank 1 wrote to stderr:",

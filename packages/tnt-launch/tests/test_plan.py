@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tnt_launch import gpi2, jobs
+from tnt_launch.agents import SshSettings, remote_command, request_line, ssh_argv
 from tnt_launch.config import LaunchConfig, LaunchError
 from tnt_launch.display import (
     describe_start_timeout,
@@ -27,7 +28,6 @@ from tnt_launch.display import (
 )
 from tnt_launch.hosts import Host
 from tnt_launch.plan import HostFacts, JobIdentity, PlanError, build_plan, gpi2_sockets
-from tnt_launch.spawn import SshSettings, remote_command, request_line, ssh_argv
 
 PY = ("/usr/bin/python3",)
 ID = JobIdentity("0123456789ab", "f" * 32, 29500)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tnt_launch import _agent, contract, slurm
-from tnt_launch.spawn import step_request
+from tnt_launch.starters.srun import step_request
 
 
 def _request(rank: int, gpu: str) -> dict[str, object]:

@@ -1,6 +1,6 @@
 """The helper tnt-launch runs on the hosts of a job: beside every rank, and for per-host queries.
 
-tnt-launch starts it with a JSON request on its first line of stdin (see `spawn.py`), locally or
+tnt-launch starts it with a JSON request on its first line of stdin (see `agents.py`), locally or
 over ssh, in one of four modes:
 
 - ``run``: start one rank and look after it. The rank gets its own process group; the agent makes
@@ -398,7 +398,7 @@ def serve(request: dict[str, Any]) -> Any:
 
 
 def task_request(step: dict[str, Any]) -> dict[str, Any]:
-    """This task's own request out of an srun step's (`spawn.step_request`): task r, rank r's."""
+    """This task's own request out of an srun step's (`starters/srun.py: step_request`): task r, rank r's."""
     own = step["ranks"][int(os.environ["SLURM_PROCID"])]
     request = {**step["common"], **own}
     request["env"] = {**step["common"].get("env", {}), **own.get("env", {})}
@@ -406,7 +406,7 @@ def task_request(step: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(request: dict[str, Any], pending: bytes = b"") -> int:
-    """Entry point of the bootstrap that `spawn.py` sends: serve one request, return exit code."""
+    """Entry point of the bootstrap that `agents.py` sends: serve one request, return exit code."""
     if request.get("mode") == "step":
         request = task_request(request)
     if request.get("mode") == "run":

@@ -1,4 +1,5 @@
-"""The `tnt-launch` command: arguments to a LaunchConfig, then cleanup, dry run or launch."""
+"""The `tnt-launch` command line: its arguments become a LaunchConfig, which `job.py` carries out
+(a launch, a dry run, or --cleanup); --check-build and --timeline-summary answer at once."""
 
 from __future__ import annotations
 
@@ -6,16 +7,12 @@ import argparse
 import math
 import os
 import re
-import secrets
 import shlex
-import shutil
 import sys
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NoReturn
+from collections.abc import Mapping, Sequence
+from typing import NoReturn
 
-from rich.console import Console
-
-from tnt_launch import __version__, _agent, check_build, gpi2, jobs, timeline_summary
+from tnt_launch import __version__, check_build, job, jobs, timeline_summary
 from tnt_launch.command import EXECUTABLE, PYTHON, SCRIPT, classify, python_target
 from tnt_launch.config import (
     FOREVER_S,
@@ -26,16 +23,10 @@ from tnt_launch.config import (
     LaunchError,
     UsageError,
 )
-from tnt_launch.display import render_plan, write_plan
-from tnt_launch.hosts import LAUNCHERS, Host, Placement, resolve_hosts
-from tnt_launch.plan import HostFacts, JobIdentity, Plan, build_plan, gpi2_sockets
-from tnt_launch.spawn import SshSettings, query_hosts, query_step, registry_override
-from tnt_launch.supervise import Supervisor
+from tnt_launch.hosts import LAUNCHERS
 
 USAGE = "tnt-launch [options] -- SCRIPT [ARGS ...]"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_PROBE_TIMEOUT_S = 60.0
-_FINISH_TIMEOUT_S = 20.0
 
 DESCRIPTION = """\
 Start a tnt job: SCRIPT runs once per rank, with the environment that tnt_keras and tnt_comm
@@ -120,7 +111,14 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     parser.add_argument("--version", action="version", version=f"tnt-launch {__version__}")
+    _placement_options(parser)
+    _output_options(parser)
+    _runtime_options(parser)
+    _control_options(parser)
+    return parser
 
+
+def _placement_options(parser: argparse.ArgumentParser) -> None:
     single = parser.add_argument_group("single-host execution")
     single.add_argument("-n", dest="nprocs", type=_positive_int, metavar="N",
                         help="start N ranks on this host (default: one per GPU, else one); inside "
@@ -156,6 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     devices.add_argument("--pin-memory-to-socket", action="store_true",
                          help="bind each rank's memory to one NUMA node with numactl")
 
+
+def _output_options(parser: argparse.ArgumentParser) -> None:
     logging = parser.add_argument_group("logging and output")
     logging.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, default="WARNING",
                          help="log level of the tnt libraries (default: %(default)s)")
@@ -171,6 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     logging.add_argument("--output-dir", metavar="DIR",
                          help="also write each rank's output to DIR/rank-N.out and DIR/rank-N.err")
 
+
+def _runtime_options(parser: argparse.ArgumentParser) -> None:
     runtime = parser.add_argument_group("runtime settings")
     runtime.add_argument("--fusion-threshold", dest="fusion_threshold_kb",
                          type=_non_negative_int, metavar="KB",
@@ -198,6 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
                               f"{sys.executable}; a command starting with a Python interpreter, "
                               "or a program, runs as given)")
 
+
+def _control_options(parser: argparse.ArgumentParser) -> None:
     control = parser.add_argument_group("job control")
     control.add_argument("--timeline-summary", metavar="FILE",
                          help="say what a --timeline trace shows per epoch and rank (compute, "
@@ -213,7 +217,6 @@ def build_parser() -> argparse.ArgumentParser:
                               "job's hosts (only those running SCRIPT, when given)")
     control.add_argument("--force", action="store_true",
                          help="with --cleanup: kill at once (SIGKILL) instead of SIGTERM first")
-    return parser
 
 
 def _parse_exports(items: Sequence[str], environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
@@ -239,22 +242,8 @@ def _parse_exports(items: Sequence[str], environ: Mapping[str, str]) -> tuple[tu
     return tuple(exports)
 
 
-def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> LaunchConfig:
-    """Turn tnt-launch's arguments into a LaunchConfig; raises UsageError for bad ones."""
-    environ = os.environ if environ is None else environ
-    argv = list(argv)
-    if "--" in argv:
-        at = argv.index("--")
-        options, command = argv[:at], argv[at + 1 :]
-    else:
-        options, command = argv, []
-    args, stray = build_parser().parse_known_args(options)
-    if stray:
-        word = stray[0]
-        if word.startswith("-"):
-            raise UsageError(f"unrecognized option {word}")
-        raise UsageError(f"unexpected argument {word!r}: put the script after '--': {USAGE}")
-
+def _check_combinations(args: argparse.Namespace, command: Sequence[str]) -> None:
+    """Refuses options that make no sense together, or need what this installation lacks."""
     if args.nprocs is not None and args.n_per_node is not None:
         raise UsageError("-n and --n-per-node cannot be combined: -n N starts N ranks on this "
                          "host, --n-per-node N starts N ranks on every host")
@@ -277,16 +266,16 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
                 f"{', '.join(info['transports'])}); use auto, shm or tcp, or see `tnt-launch --check-build`"
             )
 
-    try:
-        explicit = (
-            None if args.python_interpreter is None else tuple(shlex.split(args.python_interpreter))
-        )
-        ssh_options = tuple(shlex.split(environ.get("TNT_SSH_OPTS", "")))
-    except ValueError as e:
-        raise UsageError(f"cannot split --python-interpreter or TNT_SSH_OPTS: {e}") from None
 
-    cwd = os.getcwd()
-    exports = _parse_exports(args.exports, environ)
+def _decide_command(
+    command: Sequence[str],
+    explicit: tuple[str, ...] | None,
+    exports: tuple[tuple[str, str], ...],
+    environ: Mapping[str, str],
+    cwd: str,
+) -> tuple[str | None, tuple[str, ...], str, str | None]:
+    """How the command runs (command.py decides): (script, interpreter, kind, the script a Python
+    command line runs)."""
     script = command[0] if command else None
     job_script = None
     if explicit is not None:
@@ -304,7 +293,38 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
             job_script = target[0] if target is not None else None
     else:
         interpreter, kind = (sys.executable,), SCRIPT
+    return script, tuple(interpreter), kind, job_script
 
+
+def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> LaunchConfig:
+    """Turn tnt-launch's arguments into a LaunchConfig; raises UsageError for bad ones."""
+    environ = os.environ if environ is None else environ
+    argv = list(argv)
+    if "--" in argv:
+        at = argv.index("--")
+        options, command = argv[:at], argv[at + 1 :]
+    else:
+        options, command = argv, []
+    args, stray = build_parser().parse_known_args(options)
+    if stray:
+        word = stray[0]
+        if word.startswith("-"):
+            raise UsageError(f"unrecognized option {word}")
+        raise UsageError(f"unexpected argument {word!r}: put the script after '--': {USAGE}")
+
+    _check_combinations(args, command)
+
+    try:
+        explicit = (
+            None if args.python_interpreter is None else tuple(shlex.split(args.python_interpreter))
+        )
+        ssh_options = tuple(shlex.split(environ.get("TNT_SSH_OPTS", "")))
+    except ValueError as e:
+        raise UsageError(f"cannot split --python-interpreter or TNT_SSH_OPTS: {e}") from None
+
+    cwd = os.getcwd()
+    exports = _parse_exports(args.exports, environ)
+    script, interpreter, kind, job_script = _decide_command(command, explicit, exports, environ, cwd)
     return LaunchConfig(
         script=script,
         script_args=tuple(command[1:]),
@@ -338,224 +358,6 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
     )
 
 
-def _check_script(config: LaunchConfig, hosts: Sequence[Host]) -> None:
-    """Fail early on a script or program that is not there, where that can be seen from here."""
-    script = config.script
-    assert script is not None
-    if script.startswith("-") or not any(h.local for h in hosts):
-        return
-    path = os.path.join(config.cwd, script)
-    if config.command_kind == SCRIPT:
-        if not os.path.isfile(path):
-            raise UsageError(f"script {script} not found in {config.cwd}")
-        return
-    if "/" in script:
-        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-            raise UsageError(f"{script} is not an executable file")
-    elif shutil.which(script, path=dict(config.exports).get("PATH")) is None:
-        hint = f" (./{script} runs the one in this folder)" if os.path.isfile(path) else ""
-        raise UsageError(f"{script}: command not found on PATH{hint}")
-    if config.command_kind == PYTHON:
-        target = python_target(config.script_args)
-        if target is not None and target[1] and not os.path.isfile(
-            os.path.join(config.cwd, target[0])
-        ):
-            raise UsageError(f"script {target[0]} not found in {config.cwd}")
-
-
-def _query(
-    placement: Placement,
-    hosts: Sequence[Host],
-    ssh: SshSettings,
-    make_request: Callable[[Host], dict[str, Any]],
-    timeout: float,
-) -> list[tuple[Host, Any, LaunchError | None]]:
-    """Ask every host something: through one srun step inside a Slurm allocation (launcher srun),
-    else over ssh (this host directly)."""
-    if placement.launcher == "srun":
-        return query_step(hosts, make_request, timeout)
-    return query_hosts(hosts, ssh, make_request, timeout)
-
-
-def _probe(
-    config: LaunchConfig, placement: Placement, ssh: SshSettings
-) -> tuple[dict[str, HostFacts], int, list[str]]:
-    """Facts about every host and a free port on the first; with --dry-run other hosts are not
-    contacted and are assumed to look like this one."""
-    hosts = placement.hosts
-    if config.dry_run:
-        here = _agent.probe({"want_port": True})
-        facts = HostFacts.from_probe(here)
-        assumed = [h.name for h in hosts if not h.local or placement.launcher == "srun"]
-        return {h.name: facts for h in hosts}, int(here["port"]), assumed
-    first = hosts[0].name
-    answers = _query(
-        placement, hosts, ssh, lambda h: {"mode": "probe", "want_port": h.name == first}, _PROBE_TIMEOUT_S
-    )
-    errors = [str(error) for _, _, error in answers if error is not None]
-    if errors:
-        raise LaunchError("; ".join(errors))
-    facts = {host.name: HostFacts.from_probe(result) for host, result, _ in answers}
-    return facts, int(answers[0][1]["port"]), []
-
-
-def _finish(plan: Plan, placement: Placement, ssh: SshSettings, silent: Sequence[str] = ()) -> None:
-    """Remove what the job may have left on its hosts (processes, registry entries, /dev/shm).
-
-    This host is always visited: it holds the launcher's registry entry. Hosts that stopped
-    answering during the job (`silent`, named in the summary) are not: each would cost a connect
-    timeout. Under srun every node of the job is visited by one more srun step."""
-    ranks_here = any(h.local for h in plan.hosts) and placement.launcher != "srun"
-
-    def request(host: Host) -> dict[str, Any]:
-        shm = ranks_here or not host.local or placement.launcher == "srun"
-        return {"mode": "finish", "job_id": plan.job_id, "registry": registry_override(), "shm": shm}
-
-    answers = query_hosts([Host("localhost", local=True)], ssh, request, _FINISH_TIMEOUT_S)
-    if placement.launcher == "srun":
-        answers += query_step(list(plan.hosts), request, _FINISH_TIMEOUT_S)
-    else:
-        others = [h for h in plan.hosts if not h.local and h.name not in silent]
-        answers += query_hosts(others, ssh, request, _FINISH_TIMEOUT_S) if others else []
-    for host, _, error in answers:
-        if error is not None:
-            print(f"tnt-launch: warning: could not tidy up after the job on {host.name}: {error}",
-                  file=sys.stderr)
-
-
-def _identity(
-    config: LaunchConfig, hosts: Sequence[Host], facts: Mapping[str, HostFacts], port: int
-) -> tuple[JobIdentity, gpi2.PortClaim | None]:
-    """A new job id and token; for --transport gpi2 also the machinefile's path and a GPI-2 port
-    base that is free here, held by no other running job of this user and claimed by no one,
-    with the launcher's claim on it (kept until the job ends)."""
-    job_id = secrets.token_hex(6)
-    machinefile = None
-    claim = None
-    if config.transport == "gpi2":
-        # In the private registry folder, named by the job: its finish and --cleanup remove it.
-        registry = jobs.registry_path(registry_override())
-        machinefile = jobs.machinefile_path(registry, job_id)
-        sockets = gpi2_sockets(config, hosts, facts, os.environ)
-        if sockets:
-            claim = gpi2.free_port_base(sockets, jobs.gpi2_port_bases(registry))
-    port_base = None if claim is None else claim.base
-    return JobIdentity(job_id, secrets.token_hex(16), port, port_base, machinefile), claim
-
-
-def _stdout_is_tty() -> bool:
-    try:
-        return sys.stdout.isatty()
-    except (AttributeError, ValueError):  # no stdout, or a closed one
-        return False
-
-
-def _check_timeline(path: str) -> None:
-    """Refuses a --timeline FILE that rank 0, running on this host, could not write, before anything
-    starts: a whole job's training must not end in a trace it cannot save."""
-    folder = os.path.dirname(path) or "."
-    if os.path.isdir(path):
-        raise UsageError(f"--timeline {path}: is a folder; name the file to write, e.g. {os.path.join(path, 'trace.json')}")
-    if not os.path.isdir(folder):
-        raise UsageError(f"--timeline {path}: the folder {folder} does not exist; create it first (mkdir -p {folder})")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise UsageError(f"--timeline {path}: the folder {folder} cannot be written by this user; choose another place")
-
-
-def launch(config: LaunchConfig) -> int:
-    placement = resolve_hosts(config)
-    hosts = placement.hosts
-    ssh = SshSettings(config.ssh_port, config.ssh_options)
-    if not config.dry_run:
-        _check_script(config, hosts)
-    facts, port, assumed = _probe(config, placement, ssh)
-    identity, port_claim = _identity(config, hosts, facts, port)
-    cpus_per_task = placement.allocation.cpus_per_task if placement.allocation is not None else None
-    plan = build_plan(
-        config, hosts, facts, identity, os.environ, stdout_tty=_stdout_is_tty(),
-        launcher=placement.launcher, cpus_per_task=cpus_per_task,
-    )
-    if config.timeline is not None and plan.ranks and plan.ranks[0].local:
-        _check_timeline(config.timeline)
-    for warning in plan.warnings:
-        print(f"tnt-launch: warning: {warning}", file=sys.stderr)
-    if config.log_level in ("DEBUG", "INFO"):
-        for note in plan.notes:
-            print(f"tnt-launch: info: {note}", file=sys.stderr)
-    if config.dry_run:
-        if sys.stdout.isatty():
-            render_plan(plan, Console(), assumed)
-        else:
-            # Into a file or a pipe: plain lines that no terminal width can wrap.
-            write_plan(plan, sys.stdout, assumed)
-        return 0
-    if config.output_dir is not None:
-        try:
-            os.makedirs(config.output_dir, exist_ok=True)
-        except OSError as e:
-            message = f"cannot create --output-dir {config.output_dir}: {e.strerror}"
-            raise LaunchError(message) from None
-
-    registry = jobs.registry_dir(registry_override())
-    entry = jobs.write_entry(
-        registry,
-        f"{plan.job_id}.launcher.json",
-        {
-            "job_id": plan.job_id,
-            "role": "launcher",
-            "script": plan.script,
-            "script_path": plan.script_path,
-            "processes": [jobs.process_entry(os.getpid())],
-            # Keeps the range from other jobs of this user starting before this one binds it.
-            "gpi2_port_base": plan.gpi2_port_base,
-        },
-    )
-    supervisor = Supervisor(plan, config, ssh)
-    try:
-        if plan.gpi2_machinefile is not None:
-            try:
-                jobs.write_machinefile(plan.gpi2_machinefile, plan.gpi2_machines)
-            except OSError as e:
-                message = f"cannot write the GPI-2 machinefile {plan.gpi2_machinefile}"
-                raise LaunchError(f"{message}: {e.strerror}") from None
-        return supervisor.run()
-    finally:
-        try:
-            _finish(plan, placement, ssh, supervisor.silent_hosts)
-        finally:
-            jobs.remove_entry(entry)
-            if plan.gpi2_machinefile is not None:
-                jobs.remove_entry(plan.gpi2_machinefile)
-            if port_claim is not None:
-                port_claim.close()
-
-
-def cleanup(config: LaunchConfig) -> int:
-    placement = resolve_hosts(config)
-    ssh = SshSettings(config.ssh_port, config.ssh_options)
-    script = config.registered_script
-    request = {
-        "mode": "cleanup",
-        "script": script,
-        "script_path": None if script is None else os.path.realpath(os.path.join(config.cwd, script)),
-        "force": config.force,
-        "registry": registry_override(),
-        "grace": jobs.GRACE_S,
-    }
-    failed = False
-    for host, stopped, error in _query(placement, placement.hosts, ssh, lambda _: request, jobs.GRACE_S + 60):
-        if error is not None:
-            print(f"tnt-launch: error: {error}", file=sys.stderr)
-            failed = True
-        elif not stopped:
-            print(f"{host.name}: no running tnt-launch jobs"
-                  + (f" of {config.registered_script}" if config.registered_script else ""))
-        for job in stopped or ():
-            print(f"{host.name}: stopped job {job['job_id']} ({job['script']}, "
-                  f"{job['processes']} process(es))")
-    return 1 if failed else 0
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `tnt-launch` command."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -566,7 +368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return timeline_summary.main(options[1:])
     try:
         config = parse_args(argv)
-        return cleanup(config) if config.cleanup else launch(config)
+        return job.run(config)
     except LaunchError as e:
         print(f"tnt-launch: error: {e}", file=sys.stderr)
         return e.exit_code

@@ -9,7 +9,8 @@ Without `--python-interpreter`, tnt-launch decides from the command how to run i
 - any other file (a Python script without `.py`, or a file that cannot be executed): a Python
   script, as before.
 
-The decision looks at this host's file system, relative to the job's working directory.
+The decision looks at this host's file system, relative to the job's working directory, and so
+does `check_script`, which refuses a script or program that is not there before anything starts.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ import re
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from tnt_launch.config import LaunchConfig, UsageError
+from tnt_launch.hosts import Host
 
 SCRIPT = "script"
 """The command is SCRIPT [ARGS]: run it under the Python interpreter."""
@@ -122,3 +126,28 @@ def python_target(args: Sequence[str]) -> tuple[str, bool] | None:
                     next(words, None)
                 break
     return None
+
+
+def check_script(config: LaunchConfig, hosts: Sequence[Host]) -> None:
+    """Fail early on a script or program that is not there, where that can be seen from here."""
+    script = config.script
+    assert script is not None
+    if script.startswith("-") or not any(h.local for h in hosts):
+        return
+    path = os.path.join(config.cwd, script)
+    if config.command_kind == SCRIPT:
+        if not os.path.isfile(path):
+            raise UsageError(f"script {script} not found in {config.cwd}")
+        return
+    if "/" in script:
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            raise UsageError(f"{script} is not an executable file")
+    elif shutil.which(script, path=dict(config.exports).get("PATH")) is None:
+        hint = f" (./{script} runs the one in this folder)" if os.path.isfile(path) else ""
+        raise UsageError(f"{script}: command not found on PATH{hint}")
+    if config.command_kind == PYTHON:
+        target = python_target(config.script_args)
+        if target is not None and target[1] and not os.path.isfile(
+            os.path.join(config.cwd, target[0])
+        ):
+            raise UsageError(f"script {target[0]} not found in {config.cwd}")

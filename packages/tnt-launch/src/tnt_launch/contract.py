@@ -7,7 +7,7 @@ policy (runtime.py), and tools that start processes of their own (benchmarks/tra
 identity so that a leftover cannot turn a process into a rank. docs/launch.md lists them for users;
 docs/design.md says who reads what.
 
-Standard library only, Python 3.8+: it travels to other hosts with the agent (spawn.py).
+Standard library only, Python 3.8+: it travels to other hosts with the agent (agents.py).
 """
 
 from __future__ import annotations

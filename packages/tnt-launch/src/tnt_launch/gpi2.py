@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from tnt_launch import contract
+from tnt_launch import contract, jobs
 from tnt_launch.config import LaunchError
 from tnt_launch.hosts import Host, is_loopback
 
@@ -73,21 +73,25 @@ class Setup:
     note: str = ""
     """One line on what was set up, or why nothing was (for --dry-run)."""
 
-    def rank_env(self, rank: int, size: int) -> dict[str, str]:
-        """GPI-2's variables for `rank`: all four, or none."""
-        if not self.machines:
-            return {}
-        env = {
-            "GASPI_RANK": str(rank),
-            # The rank's index among the ranks of its machinefile name, as GPI-2 counts it: the local
-            # rank, unless two host entries are one machine.
-            "GASPI_SOCKET": str(self.sockets[rank]),
-            "GASPI_NRANKS": str(size),
-            "GASPI_MFILE": (self.machinefile or NO_MACHINEFILE) if rank == 0 else NO_MACHINEFILE,
-        }
-        if self.port_base is not None:
-            env[PORT_BASE_VARIABLE] = str(self.port_base)
-        return env
+    @property
+    def rank_envs(self) -> list[dict[str, str]]:
+        """GPI-2's variables of every rank, in rank order: all four (and the port base the launcher
+        picked), or none."""
+        size = len(self.machines)
+        envs = []
+        for rank, socket_index in enumerate(self.sockets):
+            env = {
+                "GASPI_RANK": str(rank),
+                # The rank's index among the ranks of its machinefile name, as GPI-2 counts it: the
+                # local rank, unless two host entries are one machine.
+                "GASPI_SOCKET": str(socket_index),
+                "GASPI_NRANKS": str(size),
+                "GASPI_MFILE": (self.machinefile or NO_MACHINEFILE) if rank == 0 else NO_MACHINEFILE,
+            }
+            if self.port_base is not None:
+                env[PORT_BASE_VARIABLE] = str(self.port_base)
+            envs.append(env)
+        return envs
 
 
 def plan(
@@ -255,3 +259,48 @@ def free_port_base(
         f"--transport gpi2: no free range of GPI-2 ports between {PORT_BASE_LOW} and "
         f"{PORT_BASE_HIGH + PORT_BASE_STEP - 1} on this host; set TNT_GPI2_PORT_BASE to a free one"
     )
+
+
+@dataclass
+class Reservation:
+    """What the launcher holds for GPI-2 while a `--transport gpi2` job runs: where its machinefile
+    goes and the port base it picked, claimed (none where the user set TNT_GPI2_PORT_BASE, or
+    tnt-comm sets GPI-2 up: see `skipped`)."""
+
+    machinefile: str | None = None
+    claim: PortClaim | None = None
+    written: bool = False
+
+    @property
+    def port_base(self) -> int | None:
+        return None if self.claim is None else self.claim.base
+
+    def write(self, machines: Sequence[str]) -> None:
+        """Writes the machinefile (`machines`: the plan's lines) where the plan needs one."""
+        if self.machinefile is None or not machines:
+            return
+        try:
+            jobs.registry_dir(jobs.registry_override())  # made, private, where it is not yet
+            jobs.write_machinefile(self.machinefile, machines)
+        except OSError as e:
+            raise LaunchError(f"cannot write the GPI-2 machinefile {self.machinefile}: {e.strerror}") from None
+        self.written = True
+
+    def release(self) -> None:
+        """The job has ended: the machinefile goes, and the claim on the port base."""
+        if self.written and self.machinefile is not None:
+            jobs.remove_entry(self.machinefile)
+        if self.claim is not None:
+            self.claim.close()
+
+
+def reserve(transport: str, job_id: str, sockets: int) -> Reservation:
+    """For `--transport gpi2`: the machinefile's path, in the private registry folder named by the
+    job (its finish and --cleanup remove it), and, where `sockets` > 0 (see `plan.gpi2_sockets`), a
+    port base free here, held by no other running job of this user and claimed by no one, with the
+    launcher's claim on it until the job ends."""
+    if transport != "gpi2":
+        return Reservation()
+    registry = jobs.registry_path(jobs.registry_override())
+    claim = free_port_base(sockets, jobs.gpi2_port_bases(registry)) if sockets else None
+    return Reservation(jobs.machinefile_path(registry, job_id), claim)

@@ -110,13 +110,9 @@ def _named(hosts: list[Host]) -> list[Host]:
 
 def _allocation_hosts(config: LaunchConfig, found: slurm.Allocation, by_srun: bool) -> list[Host]:
     """The allocation's nodes, each with its task count as slots; with srun, `-n N` fills them."""
-    if by_srun and config.nprocs is not None:
-        counts: list[int | None] = list(slurm.fill(found, config.nprocs))
-    elif found.tasks_per_node is not None:
-        counts = list(found.tasks_per_node)
-    else:
-        counts = [None] * len(found.nodes)
-    return _named([Host(name, count) for name, count in zip(found.nodes, counts) if count != 0])
+    named = _named([Host(name) for name in found.nodes])
+    counts = slurm.counts(found, config.nprocs if by_srun else None)
+    return [Host(h.name, count, h.local) for h, count in zip(named, counts) if count != 0]
 
 
 def resolve_hosts(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> Placement:
@@ -129,23 +125,27 @@ def resolve_hosts(config: LaunchConfig, environ: Mapping[str, str] | None = None
     slurm.refuse_multitask_step(environ)
     found = slurm.allocation(environ)
     launcher = config.launcher
-    if launcher == "srun":
-        if found is None:
-            raise UsageError(
-                "--launcher srun: not inside a Slurm allocation (SLURM_JOB_ID and SLURM_JOB_NODELIST "
-                "are not set); start tnt-launch in a salloc shell or an sbatch script"
-            )
-        if config.hostfile is not None:
-            raise UsageError("--launcher srun starts ranks on the Slurm allocation's nodes; leave out --hostfile")
-        return Placement(_allocation_hosts(config, found, by_srun=True), "srun", found)
+    if launcher == "srun" and found is None:
+        raise UsageError(
+            "--launcher srun: not inside a Slurm allocation (SLURM_JOB_ID and SLURM_JOB_NODELIST "
+            "are not set); start tnt-launch in a salloc shell or an sbatch script"
+        )
+    if launcher in ("srun", "local") and config.hostfile is not None:
+        raise UsageError(
+            "--launcher srun starts ranks on the Slurm allocation's nodes; leave out --hostfile" if launcher == "srun"
+            else "--launcher local starts ranks on this host only; leave out --hostfile"
+        )
     if launcher == "local":
-        if config.hostfile is not None:
-            raise UsageError("--launcher local starts ranks on this host only; leave out --hostfile")
         return Placement([Host("localhost", local=True)], "local")
     if config.hostfile is not None:
         return Placement(_named(parse_hostfile(config.hostfile)), "ssh")
-    if found is not None and launcher is None and shutil.which("srun", path=environ.get("PATH")) is not None:
-        return Placement(_allocation_hosts(config, found, by_srun=True), "srun", found)
-    if found is not None and config.nprocs is None:
-        return Placement(_allocation_hosts(config, found, by_srun=False), "ssh", found)
-    return Placement([Host("localhost", local=True)], launcher or "local")
+    if found is None or (config.nprocs is not None and launcher != "srun" and not _srun_here(launcher, environ)):
+        return Placement([Host("localhost", local=True)], launcher or "local")
+    by_srun = launcher == "srun" or _srun_here(launcher, environ)
+    return Placement(_allocation_hosts(config, found, by_srun), "srun" if by_srun else "ssh", found)
+
+
+def _srun_here(launcher: str | None, environ: Mapping[str, str]) -> bool:
+    """Whether srun starts the ranks of an allocation where no launcher was asked for: where it is
+    installed."""
+    return launcher is None and shutil.which("srun", path=environ.get("PATH")) is not None

@@ -31,6 +31,11 @@ class RegistryError(RuntimeError):
     """The registry folder cannot be used safely."""
 
 
+def registry_override() -> str | None:
+    """TNT_LAUNCH_REGISTRY: the registry folder to use on every host instead of the default."""
+    return os.environ.get("TNT_LAUNCH_REGISTRY") or None
+
+
 def registry_path(override: str | None = None) -> str:
     """The registry folder of this user on this host, without creating it (for --dry-run)."""
     return override or os.path.join("/tmp", f"tnt-launch-{os.getuid()}")

@@ -128,6 +128,8 @@ class RankSpec:
     threads: int
     env: dict[str, str]
     argv: tuple[str, ...]
+    way: str = "local"
+    """How it starts (the starter of `starters/` by that name): "local", "ssh" or "srun"."""
 
     @property
     def device(self) -> str:
@@ -358,129 +360,22 @@ def build_plan(
     launcher = launcher or ("local" if all(h.local for h in hosts) else "ssh")
     per_gpu = _ranks_per_gpu(config)
     counts = [_ranks_per_host(config, h, facts[h.name]) for h in hosts]
-    size = sum(counts)
-    warnings: list[str] = []
-    notes: list[str] = []
-
-    use_gpus = False
-    if not config.no_gpu:
-        warnings, notes = _gpu_shortage(hosts, counts, facts, per_gpu)
-        use_gpus = not warnings and not notes
-
+    warnings, notes = ([], []) if config.no_gpu else _gpu_shortage(hosts, counts, facts, per_gpu)
+    use_gpus = not config.no_gpu and not warnings and not notes
     master_addr = _master_addr(hosts)
     user_set = _user_set(config, environ)
-    carried = _carried(environ)
-    interpreter = list(config.python_interpreter)
-    log_level = config.log_level
-    for name, value in config.exports:
-        if name == contract.LOG_LEVEL:
-            log_level = value.strip().upper()
-    tf_log_level = TF_LOG_DEBUG if log_level == "DEBUG" else TF_LOG_QUIET
-
+    log_level = next((v.strip().upper() for n, v in reversed(config.exports) if n == contract.LOG_LEVEL),
+                     config.log_level)
     # --transport gpi2: GPI-2's own variables, from a machinefile the launcher writes on this host.
-    setup = None
-    if config.transport == "gpi2":
-        setup = gpi2.plan(
-            hosts, counts, master_addr, identity.gpi2_machinefile, identity.gpi2_port_base,
-            users_port_base=gpi2.PORT_BASE_VARIABLE in user_set,
-        )
-
-    ranks = []
-    rank = 0
-    for node_rank, (host, count) in enumerate(zip(hosts, counts)):
-        host_facts = facts[host.name]
-        nodes = _pinning(config, host, host_facts, count) if config.pinning else ()
-        for local_rank in range(count):
-            gpu = host_facts.gpus[local_rank // per_gpu] if use_gpus else None
-            numa_node = None
-            pin_argv: list[str] = []
-            pinning = "-"
-            threads = max(1, host_facts.cpus // count)
-            if launcher == "srun" and cpus_per_task is not None:
-                threads = cpus_per_task
-            if nodes:
-                numa_node, node_cpus = nodes[local_rank % len(nodes)]
-                pin_argv = ["numactl"]
-                what = []
-                if config.pin_to_socket:
-                    pin_argv.append(f"--cpunodebind={numa_node}")
-                    what.append("cpus")
-                    threads = node_cpus
-                if config.pin_memory_to_socket:
-                    pin_argv.append(f"--membind={numa_node}")
-                    what.append("memory bound")
-                else:
-                    pin_argv.append(f"--preferred={numa_node}")
-                    what.append("memory preferred")
-                pinning = f"NUMA node {numa_node}: " + ", ".join(what)
-
-            env = {} if host.local or launcher == "srun" else dict(carried)
-            env.update(
-                {
-                    contract.RANK: str(rank),
-                    contract.SIZE: str(size),
-                    contract.LOCAL_RANK: str(local_rank),
-                    contract.LOCAL_SIZE: str(count),
-                    contract.NODE_RANK: str(node_rank),
-                    contract.MASTER_ADDR: master_addr,
-                    contract.MASTER_PORT: str(identity.master_port),
-                    contract.JOB_ID: identity.job_id,
-                    contract.JOB_TOKEN: identity.token,
-                    contract.TRANSPORT: config.transport,
-                }
-            )
-            if setup is not None:
-                env.update(setup.rank_env(rank, size))
-            if config.fusion_threshold_kb is not None:
-                env[contract.FUSION_THRESHOLD_KB] = str(config.fusion_threshold_kb)
-            if config.timeout_s is not None:
-                env[contract.TIMEOUT_S] = timeout_value(config.timeout_s)
-            if config.start_timeout_s is not None:
-                env[contract.START_TIMEOUT_S] = timeout_value(config.start_timeout_s)
-            env[contract.LOG_LEVEL] = config.log_level
-            env[contract.LOG_ON_ALL_DEVICES] = _flag(config.log_on_all_devices)
-            env[contract.OUTPUT_ON_ALL_DEVICES] = _flag(config.output_on_all_devices)
-            # Lines prefixed '[rank N]' and hidden output reach no terminal as they are written.
-            env[contract.STDOUT_TTY] = _flag(
-                stdout_tty and rank == 0 and not config.output_on_all_devices
-            )
-            env[contract.TENSORBOARD_ON_ALL_DEVICES] = environ.get(contract.TENSORBOARD_ON_ALL_DEVICES, "false")
-            if config.timeline is not None:
-                env[contract.TIMELINE] = config.timeline
-            # An empty list hides every GPU, so CPU ranks stay on CPUs.
-            env["CUDA_VISIBLE_DEVICES"] = gpu if gpu is not None else ""
-            for name in THREAD_VARIABLES:
-                if name not in user_set and THREAD_FALLBACKS.get(name) not in user_set:
-                    env[name] = str(threads)
-            if gpu is not None and per_gpu > 1:
-                for name, value in GPU_SHARING_VARIABLES.items():
-                    if name not in user_set:
-                        env[name] = value
-            if "PYTHONUNBUFFERED" not in user_set:
-                env["PYTHONUNBUFFERED"] = "1"
-            if TF_LOG_VARIABLE not in user_set:
-                env[TF_LOG_VARIABLE] = tf_log_level
-            env.update(config.exports)
-
-            argv = (*pin_argv, *interpreter, config.script, *config.script_args)
-            ranks.append(
-                RankSpec(
-                    rank=rank,
-                    host=host.name,
-                    local=host.local,
-                    node_rank=node_rank,
-                    local_rank=local_rank,
-                    local_size=count,
-                    gpu=gpu,
-                    numa_node=numa_node,
-                    pinning=pinning,
-                    threads=threads,
-                    env=env,
-                    argv=argv,
-                )
-            )
-            rank += 1
-
+    setup = None if config.transport != "gpi2" else gpi2.plan(
+        hosts, counts, master_addr, identity.gpi2_machinefile, identity.gpi2_port_base,
+        users_port_base=gpi2.PORT_BASE_VARIABLE in user_set,
+    )
+    job = _JobEnv(
+        config, environ, user_set, identity, master_addr, sum(counts), stdout_tty,
+        TF_LOG_DEBUG if log_level == "DEBUG" else TF_LOG_QUIET, setup.rank_envs if setup is not None else [],
+    )
+    ranks = _rank_specs(config, hosts, counts, facts, job, per_gpu if use_gpus else 0, launcher, cpus_per_task)
     return Plan(
         ranks=tuple(ranks),
         hosts=tuple(hosts),
@@ -506,3 +401,128 @@ def build_plan(
         ),
         registry=environ.get("TNT_LAUNCH_REGISTRY") or None,
     )
+
+
+def _rank_specs(
+    config: LaunchConfig,
+    hosts: Sequence[Host],
+    counts: Sequence[int],
+    facts: Mapping[str, HostFacts],
+    job: _JobEnv,
+    per_gpu: int,
+    launcher: str,
+    cpus_per_task: int | None,
+) -> list[RankSpec]:
+    """Every rank, host by host: its GPU (local rank i gets GPU i // `per_gpu`; 0: CPUs), threads,
+    pinning, environment and command."""
+    assert config.script is not None
+    ranks: list[RankSpec] = []
+    for node_rank, (host, count) in enumerate(zip(hosts, counts)):
+        nodes = _pinning(config, host, facts[host.name], count) if config.pinning else ()
+        for local_rank in range(count):
+            gpu = facts[host.name].gpus[local_rank // per_gpu] if per_gpu else None
+            threads = max(1, facts[host.name].cpus // count)
+            if launcher == "srun" and cpus_per_task is not None:
+                threads = cpus_per_task
+            numa_node, pin_argv, pinning, threads = _pin(config, nodes, local_rank, threads)
+            rank = len(ranks)
+            env = job.env(rank, local_rank, count, node_rank, gpu, per_gpu, threads,
+                          inherits=host.local or launcher == "srun")
+            ranks.append(RankSpec(
+                rank=rank, host=host.name, local=host.local, node_rank=node_rank, local_rank=local_rank,
+                local_size=count, gpu=gpu, numa_node=numa_node, pinning=pinning, threads=threads, env=env,
+                argv=(*pin_argv, *config.python_interpreter, config.script, *config.script_args),
+                way="srun" if launcher == "srun" else "local" if host.local else "ssh",
+            ))
+    return ranks
+
+
+def _pin(
+    config: LaunchConfig, nodes: Sequence[tuple[int, int]], local_rank: int, threads: int
+) -> tuple[int | None, list[str], str, int]:
+    """(NUMA node, numactl's words, what the pinning is, threads) of one rank; no pinning where
+    `nodes` is empty."""
+    if not nodes:
+        return None, [], "-", threads
+    numa_node, node_cpus = nodes[local_rank % len(nodes)]
+    pin_argv = ["numactl"]
+    what = []
+    if config.pin_to_socket:
+        pin_argv.append(f"--cpunodebind={numa_node}")
+        what.append("cpus")
+        threads = node_cpus
+    if config.pin_memory_to_socket:
+        pin_argv.append(f"--membind={numa_node}")
+        what.append("memory bound")
+    else:
+        pin_argv.append(f"--preferred={numa_node}")
+        what.append("memory preferred")
+    return numa_node, pin_argv, f"NUMA node {numa_node}: " + ", ".join(what), threads
+
+
+@dataclass(frozen=True)
+class _JobEnv:
+    """What every rank's environment is made of: the job's identity and settings, and the user's."""
+
+    config: LaunchConfig
+    environ: Mapping[str, str]
+    user_set: set[str]
+    identity: JobIdentity
+    master_addr: str
+    size: int
+    stdout_tty: bool
+    tf_log_level: str
+    gpi2_envs: list[dict[str, str]]
+
+    def env(self, rank: int, local_rank: int, count: int, node_rank: int, gpu: str | None, per_gpu: int,
+            threads: int, inherits: bool) -> dict[str, str]:
+        """Rank `rank`'s environment: the variables carried from tnt-launch's own (unless it
+        `inherits` all of it: ranks on this host, and srun's), the contract, the launcher's
+        settings, then the user's -x."""
+        config, identity, user_set = self.config, self.identity, self.user_set
+        env = {} if inherits else _carried(self.environ)
+        env.update(
+            {
+                contract.RANK: str(rank),
+                contract.SIZE: str(self.size),
+                contract.LOCAL_RANK: str(local_rank),
+                contract.LOCAL_SIZE: str(count),
+                contract.NODE_RANK: str(node_rank),
+                contract.MASTER_ADDR: self.master_addr,
+                contract.MASTER_PORT: str(identity.master_port),
+                contract.JOB_ID: identity.job_id,
+                contract.JOB_TOKEN: identity.token,
+                contract.TRANSPORT: config.transport,
+            }
+        )
+        if self.gpi2_envs:
+            env.update(self.gpi2_envs[rank])
+        if config.fusion_threshold_kb is not None:
+            env[contract.FUSION_THRESHOLD_KB] = str(config.fusion_threshold_kb)
+        if config.timeout_s is not None:
+            env[contract.TIMEOUT_S] = timeout_value(config.timeout_s)
+        if config.start_timeout_s is not None:
+            env[contract.START_TIMEOUT_S] = timeout_value(config.start_timeout_s)
+        env[contract.LOG_LEVEL] = config.log_level
+        env[contract.LOG_ON_ALL_DEVICES] = _flag(config.log_on_all_devices)
+        env[contract.OUTPUT_ON_ALL_DEVICES] = _flag(config.output_on_all_devices)
+        # Lines prefixed '[rank N]' and hidden output reach no terminal as they are written.
+        env[contract.STDOUT_TTY] = _flag(self.stdout_tty and rank == 0 and not config.output_on_all_devices)
+        env[contract.TENSORBOARD_ON_ALL_DEVICES] = self.environ.get(contract.TENSORBOARD_ON_ALL_DEVICES, "false")
+        if config.timeline is not None:
+            env[contract.TIMELINE] = config.timeline
+        # An empty list hides every GPU, so CPU ranks stay on CPUs.
+        env["CUDA_VISIBLE_DEVICES"] = gpu if gpu is not None else ""
+        for name in THREAD_VARIABLES:
+            if name not in user_set and THREAD_FALLBACKS.get(name) not in user_set:
+                env[name] = str(threads)
+        if gpu is not None and per_gpu > 1:
+            for name, value in GPU_SHARING_VARIABLES.items():
+                if name not in user_set:
+                    env[name] = value
+        if "PYTHONUNBUFFERED" not in user_set:
+            env["PYTHONUNBUFFERED"] = "1"
+        if TF_LOG_VARIABLE not in user_set:
+            env[TF_LOG_VARIABLE] = self.tf_log_level
+        env.update(config.exports)
+        return env

@@ -1,6 +1,7 @@
-"""One rank of a running job as the supervisor sees it: its agent process, its two output streams
-(the agent's pipes, or its lines of an srun step), the agent's own lines among the rank's stderr,
-and how the rank ended.
+"""One rank of a running job as the supervisor sees it: its two output streams (the agent's pipes,
+or its lines of an srun step), the agent's own lines among the rank's stderr, how the rank is told
+things (`Control`: its agent's stdin, or the step's), and how it ended. The starters (`starters/`)
+make the runs; the supervisor reads what they report.
 """
 
 from __future__ import annotations
@@ -9,18 +10,28 @@ import os
 import signal
 import subprocess
 from collections import deque
-from dataclasses import dataclass
-from typing import Any, BinaryIO
-
-import psutil
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO, Protocol
 
 from tnt_launch import quiet
 from tnt_launch._agent import MARKER
 from tnt_launch.plan import RankSpec
-from tnt_launch.srun_step import MAX_LINE, Step
 
 TAIL_LINES = 20
 _MARKER = MARKER.encode()
+MAX_LINE = 65536
+"""A line longer than this is handed on in pieces."""
+
+
+def split_lines(partial: bytes, data: bytes) -> tuple[list[bytes], bytes]:
+    """The complete lines of `partial + data` (without their newlines) and what is left of a line
+    not ended yet; a line longer than MAX_LINE is handed on as it is."""
+    lines = (partial + data).split(b"\n")
+    rest = lines.pop()
+    if len(rest) > MAX_LINE:
+        lines.append(rest)
+        rest = b""
+    return lines, rest
 
 
 @dataclass(frozen=True)
@@ -123,7 +134,7 @@ class AgentLines:
 
 class Stream:
     """One of a rank's two output streams: its agent's own pipe (`fd`), or, under srun (`fd` None),
-    its lines of the step's stream, which `StepStream` hands over."""
+    its lines of the step's stream, which the step's `Source` hands over."""
 
     def __init__(self, run: RankRun, name: str, fd: int | None) -> None:
         self.run = run
@@ -133,16 +144,85 @@ class Stream:
         self.open = True
         self.agent_lines = AgentLines() if name == "err" else None
         self.startup_filter: quiet.StartupFilter | None = None  # set where the plan hides TF's start-up lines
+        run.streams.append(self)
+
+    def feed(self, data: bytes, whole_lines: bool) -> Fed:
+        """What `data` brings: the agent's messages among it, the rank's own output as it came (less
+        TensorFlow's start-up lines, where hidden), and, with `whole_lines` or on stderr, its lines
+        now complete (for the summary's tail and prefixed output)."""
+        messages: list[bytes] = []
+        if self.agent_lines is not None:
+            data, messages = self.agent_lines.feed(data)
+        if self.startup_filter is not None:
+            data = self.startup_filter.feed(data)
+        return Fed(messages, data, self._lines(data, whole_lines))
+
+    def end(self, whole_lines: bool) -> Fed:
+        """What is left once the stream has ended: held-back bytes, and the last line unended."""
+        self.open = False
+        data = b""
+        if self.agent_lines is not None:
+            data = self.agent_lines.flush()
+            if self.startup_filter is not None:
+                data = self.startup_filter.feed(data) + self.startup_filter.flush()
+        lines = self._lines(data, whole_lines)
+        if self.partial and (whole_lines or self.name == "err"):
+            lines.append(self.partial + b"\n")
+        self.partial = b""
+        return Fed([], data, lines)
+
+    def _lines(self, data: bytes, whole_lines: bool) -> list[bytes]:
+        if not data or not (whole_lines or self.name == "err"):
+            return []
+        lines, self.partial = split_lines(self.partial, data)
+        return [line + b"\n" for line in lines]
+
+
+@dataclass
+class Fed:
+    """What a stream made of the data it was fed (`Stream.feed`)."""
+
+    messages: list[bytes]
+    data: bytes
+    lines: list[bytes]
+
+
+@dataclass
+class Read:
+    """What a `Source` had: data for rank streams (None: for tnt-launch's own output, e.g. srun's
+    words), and, at its end, the streams that ended with it."""
+
+    data: list[tuple[Stream | None, bytes]] = field(default_factory=list)
+    ended: list[Stream] | None = None
+
+
+class Source(Protocol):
+    """A pipe the supervisor's selector watches: an agent's stdout or stderr, or an srun step's."""
+
+    fd: int
+    name: str  # "out" or "err": where data for no rank goes
+
+    def read(self) -> Read | None:
+        """What the pipe holds now (None: nothing yet)."""
+        ...
+
+
+class Control(Protocol):
+    """How the supervisor talks to one rank's agent (stdin) and lets go of it."""
+
+    def send(self, command: bytes) -> None: ...
+    def finished(self) -> None: ...
+    def kill(self) -> None: ...
 
 
 class RankRun:
-    """One rank's agent process and what has been seen of it."""
+    """One rank and what has been seen of it; `proc` is the process that runs its agent (its own,
+    or the srun step of every rank), `control` how to reach that agent."""
 
-    def __init__(self, spec: RankSpec, proc: subprocess.Popen[bytes] | None, step: Step | None = None) -> None:
+    def __init__(self, spec: RankSpec, proc: subprocess.Popen[bytes] | None, control: Control | None = None) -> None:
         self.spec = spec
         self.proc = proc
-        self.step = step
-        """Under srun: the step whose task runs this rank's agent (`proc` is the step's srun)."""
+        self.control = control
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
         self.ready = False
         self.reported: dict[str, Any] | None = None
@@ -170,40 +250,14 @@ class RankRun:
         return self.status is None
 
     def send(self, command: bytes) -> None:
-        if self.step is not None:
-            self.step.send(command)
-            return
-        if self.proc is None or self.proc.stdin is None or self.proc.stdin.closed:
-            return
-        try:
-            self.proc.stdin.write(command)
-            self.proc.stdin.flush()
-        except (BrokenPipeError, ValueError, OSError):
-            pass
+        if self.control is not None:
+            self.control.send(command)
 
     def close_stdin(self) -> None:
-        if self.step is not None:
-            self.step.finished(self.spec.rank)
-            return
-        if self.proc is not None and self.proc.stdin is not None:
-            try:
-                self.proc.stdin.close()
-            except OSError:
-                pass
+        if self.control is not None:
+            self.control.finished()
 
     def kill(self) -> None:
-        """Last resort: kill the agent, and with a local agent everything under it."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        targets = []
-        if self.spec.local:
-            try:
-                targets = psutil.Process(self.proc.pid).children(recursive=True)
-            except psutil.Error:
-                targets = []
-        self.proc.kill()
-        for child in targets:
-            try:
-                child.kill()
-            except psutil.Error:
-                pass
+        """Last resort: kill the agent (with everything under it, where that can be seen)."""
+        if self.control is not None:
+            self.control.kill()

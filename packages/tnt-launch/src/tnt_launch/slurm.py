@@ -131,6 +131,16 @@ def refuse_multitask_step(environ: Mapping[str, str]) -> None:
     )
 
 
+def counts(allocation: Allocation, ranks: int | None) -> list[int | None]:
+    """Ranks per node: for `-n ranks`, the nodes filled in order (`fill`); else each node's task
+    count, or None (one per GPU, else one) where the allocation gives none."""
+    if ranks is not None:
+        return list(fill(allocation, ranks))
+    if allocation.tasks_per_node is not None:
+        return list(allocation.tasks_per_node)
+    return [None] * len(allocation.nodes)
+
+
 def fill(allocation: Allocation, ranks: int) -> list[int]:
     """Ranks per node for `-n ranks` in an allocation: the nodes in order, each up to its tasks."""
     if allocation.tasks_per_node is None:

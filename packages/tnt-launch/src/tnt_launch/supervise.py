@@ -1,6 +1,7 @@
 """Running a planned job: output streaming, failure propagation, signals, and the final summary.
 
-One thread watches every rank's agent through a selector. The first rank that exits non-zero, dies
+The ranks start the way the plan says (`starters/`: agents here, over ssh, or one srun step); one
+thread watches what they write, through a selector. The first rank that exits non-zero, dies
 by a signal or reports the error it is exiting with brings the job down. First every agent whose
 rank still runs is asked which of its rank's processes are stopped (SIGSTOP, a debugger): such a
 rank made no progress, and is most likely why the others timed out. Meanwhile the ranks that the
@@ -9,8 +10,8 @@ exit. Then every other agent is told to stop its rank (SIGTERM and SIGCONT, then
 grace period), and tnt-launch exits with the culprit's status after printing a summary. The culprit
 is the rank whose own failure came first in cause, not in exit order (blame.culprit). The summary
 names first the ranks that made no progress, the stopped ones and those that the failed ranks'
-tnt-comm timeout messages name ("made no progress: rank 1, rank 3"), then the culprit. SIGINT (Ctrl+C), SIGTERM and SIGHUP to tnt-launch stop the job the same
-way; a second one kills the ranks at once. SIGUSR1 is passed on to every rank (a preemption
+tnt-comm timeout messages name ("made no progress: rank 1, rank 3"), then the culprit. SIGINT
+(Ctrl+C), SIGTERM and SIGHUP to tnt-launch stop the job the same way; a second one kills the ranks at once. SIGUSR1 is passed on to every rank (a preemption
 warning). An agent on another host that does not answer that question in time sits behind a cut
 link or on a dead host: its connection is dropped at once instead of waiting out the grace period,
 and the summary names the host.
@@ -26,26 +27,24 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any, BinaryIO
 
-from tnt_launch import blame, jobs, quiet, slurm
+from tnt_launch import blame, jobs, quiet
 from tnt_launch.config import LaunchConfig
-from tnt_launch.hosts import Host
 from tnt_launch.plan import Plan, RankSpec
-from tnt_launch.rank_run import Output, RankRun, RankStatus, Stream, read_available, signal_name
-from tnt_launch.spawn import (
-    SshSettings,
-    srun_program,
-    start_agent,
-    start_step,
-    step_request,
-    write_slurm_hostfile,
+from tnt_launch.rank_run import (
+    Fed,
+    Output,
+    RankRun,
+    RankStatus,
+    Read,
+    Source,
+    Stream,
+    signal_name,
 )
-from tnt_launch.srun_step import Step, StepStream, split_lines
+from tnt_launch.starters import RankStarter
 
-SSH_STARTS_PER_HOST = 8
-"""Agents started over ssh to one host that may be connecting at once: fewer than OpenSSH's
-default MaxStartups (10), beyond which sshd drops new connections at random."""
 _HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
 STATE_WAIT_S = 3.0
 """How long a failing job waits for its agents to say whether their ranks are stopped (an ssh
@@ -58,22 +57,21 @@ _ranks = blame.ranks_text
 
 
 class Supervisor:
-    """Starts the ranks of `plan` and watches them until the job has ended."""
+    """Starts the ranks of `plan` with `starters` (by each spec's way) and watches them until
+    the job has ended."""
 
     def __init__(
         self,
         plan: Plan,
         config: LaunchConfig,
-        ssh: SshSettings,
+        starters: Mapping[str, RankStarter],
         out: BinaryIO | None = None,
         err: BinaryIO | None = None,
         grace: float = jobs.GRACE_S,
     ) -> None:
         self.plan = plan
         self.config = config
-        self.ssh = ssh
-        self.step: Step | None = None
-        self.step_streams: list[StepStream] = []
+        self.starters = starters
         self.output = Output(out or sys.stdout.buffer, err or sys.stderr.buffer)
         self.grace = grace
         self.runs: list[RankRun] = []
@@ -103,95 +101,45 @@ class Supervisor:
 
     # -- starting ---------------------------------------------------------------------------
 
-    def _open_files(self, run: RankRun) -> None:
-        if self.config.output_dir is None:
-            return
-        for stream, suffix in (("out", "out"), ("err", "err")):
-            path = os.path.join(self.config.output_dir, f"rank-{run.spec.rank}.{suffix}")
-            run.files[stream] = open(path, "wb")  # noqa: SIM115 - closed when the stream ends
+    def _starter(self, run: RankRun) -> RankStarter:
+        return self.starters[run.spec.way]
 
-    def _start(self, spec: RankSpec) -> None:
-        host = Host(spec.host, local=spec.local)
-        try:
-            proc = start_agent(host, self.ssh, self.plan.rank_request(spec, self.grace))
-        except OSError as e:
-            run = RankRun(spec, None)
-            self.runs.append(run)
-            self._finish(run, RankStatus(127, error=f"cannot start its agent: {e.strerror}"))
-            return
-        run = RankRun(spec, proc)
-        self.runs.append(run)
-        self._open_files(run)
-        assert proc.stdout is not None and proc.stderr is not None
-        for name, pipe in (("out", proc.stdout), ("err", proc.stderr)):
-            stream = Stream(run, name, pipe.fileno())
-            if name == "err" and self.plan.hide_tf_startup:
-                stream.startup_filter = quiet.StartupFilter()
-            run.streams.append(stream)
-            os.set_blocking(stream.fd, False)
-            self.selector.register(stream.fd, selectors.EVENT_READ, stream)
-
-    def _start_step(self, specs: list[RankSpec]) -> None:
-        """Start every rank at once, as the tasks of one srun step (task r on rank r's node)."""
-        hostfile = write_slurm_hostfile([spec.host for spec in specs])
-        argv = slurm.srun_argv(len(specs), self.plan.cpus_per_task, srun_program())
-        request = step_request([self.plan.rank_request(spec, self.grace) for spec in specs])
-        try:
-            proc = start_step(argv, hostfile, request)
-        except OSError as e:
-            os.unlink(hostfile)
-            for spec in specs:
-                run = RankRun(spec, None)
-                self.runs.append(run)
-                self._finish(run, RankStatus(127, error=f"cannot start srun: {e.strerror}"))
-            return
-        self.step = Step(proc, hostfile, len(specs))
-        by_rank: dict[str, dict[int, Stream]] = {"out": {}, "err": {}}
-        for spec in specs:
-            run = RankRun(spec, proc, self.step)
-            self.runs.append(run)
-            self._open_files(run)
-            for name in ("out", "err"):
-                stream = Stream(run, name, None)
-                if name == "err" and self.plan.hide_tf_startup:
-                    stream.startup_filter = quiet.StartupFilter()
-                run.streams.append(stream)
-                by_rank[name][spec.rank] = stream
-        assert proc.stdout is not None and proc.stderr is not None
-        for name, pipe in (("out", proc.stdout), ("err", proc.stderr)):
-            step_stream = StepStream(name, pipe.fileno(), by_rank[name])
-            self.step_streams.append(step_stream)
-            os.set_blocking(step_stream.fd, False)
-            self.selector.register(step_stream.fd, selectors.EVENT_READ, step_stream)
+    def _request(self, spec: RankSpec) -> dict[str, Any]:
+        return self.plan.rank_request(spec, self.grace)
 
     def _start_pending(self) -> None:
-        """Start the ranks not started yet, as far as the per-host ssh limit allows."""
+        """Start the ranks not started yet, as far as their starters let them now."""
         if self.stopping or self.first_failure is not None:
             # A failed job starts nothing more.
             self.pending = []
             return
-        if self.plan.launcher == "srun":
-            pending, self.pending = self.pending, []
-            if pending:
-                self._start_step(pending)
-            return
-        connecting: dict[str, int] = {}
-        for run in self.runs:
-            if not run.spec.local and run.running and not run.ready:
-                connecting[run.spec.host] = connecting.get(run.spec.host, 0) + 1
-        waiting = []
+        by_way: dict[str, list[RankSpec]] = {}
         for spec in self.pending:
+            by_way.setdefault(spec.way, []).append(spec)
+        self.pending = []
+        for way, specs in by_way.items():
             self._handle_signals()
             if self.stopping:
-                self.pending = []
                 return
-            if not spec.local:
-                if connecting.get(spec.host, 0) >= SSH_STARTS_PER_HOST:
-                    waiting.append(spec)
-                    continue
-                connecting[spec.host] = connecting.get(spec.host, 0) + 1
-            self._start(spec)
-        self.pending = waiting
+            started = self.starters[way].start(specs, self._request, self.runs)
+            self.pending += started.later
+            for source in started.sources:
+                os.set_blocking(source.fd, False)
+                self.selector.register(source.fd, selectors.EVENT_READ, source)
+            for run in started.runs:
+                self._add(run)
+
+    def _add(self, run: RankRun) -> None:
+        self.runs.append(run)
+        if self.config.output_dir is not None:
+            for stream, suffix in (("out", "out"), ("err", "err")):
+                path = os.path.join(self.config.output_dir, f"rank-{run.spec.rank}.{suffix}")
+                run.files[stream] = open(path, "wb")  # noqa: SIM115 - closed when the stream ends
+        for stream in run.streams:
+            if stream.name == "err" and self.plan.hide_tf_startup:
+                stream.startup_filter = quiet.StartupFilter()
+        if run.status is not None:  # it could not start
+            self._finish(run, run.status)
 
     # -- output -----------------------------------------------------------------------------
 
@@ -202,30 +150,20 @@ class Supervisor:
         return f"[rank {run.spec.rank}] ".encode()
 
     def _on_data(self, stream: Stream, data: bytes) -> None:
-        run = stream.run
-        if stream.agent_lines is not None:
-            data, messages = stream.agent_lines.feed(data)
-            for message in messages:
-                self._on_message(run, message)
-        if stream.startup_filter is not None:
-            data = stream.startup_filter.feed(data)
-        self._on_output(stream, data)
+        self._on_fed(stream, stream.feed(data, whole_lines=self.config.output_on_all_devices))
 
-    def _on_output(self, stream: Stream, data: bytes) -> None:
+    def _on_fed(self, stream: Stream, fed: Fed) -> None:
         run = stream.run
-        if not data:
-            return
-        if stream.name in run.files:
-            run.files[stream.name].write(data)
-        prefixed = self.config.output_on_all_devices
-        if self._live(run) and not prefixed:
-            # Passed on as it comes, so progress bars and prompts show at once.
-            self.output.write(stream.name, data)
-        if not prefixed and stream.name == "out":
-            return
-        lines, stream.partial = split_lines(stream.partial, data)
-        for line in lines:
-            self._on_line(stream, line + b"\n")
+        for message in fed.messages:
+            self._on_message(run, message)
+        if fed.data:
+            if stream.name in run.files:
+                run.files[stream.name].write(fed.data)
+            if self._live(run) and not self.config.output_on_all_devices:
+                # Passed on as it comes, so progress bars and prompts show at once.
+                self.output.write(stream.name, fed.data)
+        for line in fed.lines:
+            self._on_line(stream, line)
 
     def _on_line(self, stream: Stream, line: bytes) -> None:
         run = stream.run
@@ -256,88 +194,49 @@ class Supervisor:
         elif message.get("event") == "state":
             run.state = message
 
-    def _read_step(self, step_stream: StepStream) -> None:
-        data = read_available(step_stream.fd)
-        if data is None:
-            return
-        routed = step_stream.lines(data) if data else step_stream.rest()
-        for stream, line in routed:
-            if stream is None:
-                # srun's own words (its errors about nodes and tasks): shown as they come.
-                self.output.write(step_stream.name, line)
-            elif stream.open:
-                self._on_data(stream, line)
-        if not data:
-            step_stream.open = False
-            self.selector.unregister(step_stream.fd)
-            for stream in step_stream.streams.values():
-                self._close_stream(stream)
+    def _read(self, source: Source) -> None:
+        got = source.read()
+        if got is not None:
+            self._take(source.name, got)
 
-    def _read(self, stream: Stream) -> None:
-        assert stream.fd is not None
-        data = read_available(stream.fd)
-        if data is None:
-            return
-        if data:
-            self._on_data(stream, data)
-            return
-        self._close_stream(stream)
+    def _take(self, name: str, got: Read) -> None:
+        """Hands what a source read to the streams (and tnt-launch's own output: srun's words)."""
+        for stream, data in got.data:
+            if stream is None:
+                self.output.write(name, data)
+            elif stream.open:
+                self._on_data(stream, data)
+        for stream in got.ended or ():
+            self._close_stream(stream)
+
+    def _unwatch(self, fd: int | None) -> None:
+        if fd is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(fd)
 
     def _close_stream(self, stream: Stream) -> None:
         if not stream.open:
             return
-        stream.open = False
-        if stream.agent_lines is not None:
-            rest = stream.agent_lines.flush()
-            if stream.startup_filter is not None:
-                rest = stream.startup_filter.feed(rest) + stream.startup_filter.flush()
-            self._on_output(stream, rest)
-        if stream.partial:
-            partial, stream.partial = stream.partial, b""
-            self._on_line(stream, partial + b"\n")
-        if stream.fd is not None:
-            self.selector.unregister(stream.fd)
+        self._on_fed(stream, stream.end(whole_lines=self.config.output_on_all_devices))
+        self._unwatch(stream.fd)
         file = stream.run.files.pop(stream.name, None)
         if file is not None:
             file.close()
 
     # -- exits ------------------------------------------------------------------------------
 
-    def _status_of(self, run: RankRun) -> RankStatus:
-        reported = run.reported
-        if reported is not None:
-            return RankStatus(reported.get("code"), reported.get("signal"), reported.get("error"))
-        assert run.proc is not None
-        code = run.proc.returncode
-        if run.step is not None:
-            return RankStatus(code if code >= 0 else None, -code if code < 0 else None,
-                              f"its task of the srun step ended without reporting the rank's status (srun's exit status {code})")
-        if code < 0:
-            return RankStatus(None, -code, f"its agent was killed by {signal_name(-code)}")
-        if not run.spec.local and code == 255:
-            last = run.tail[-1] if run.tail else "no message"
-            return RankStatus(255, error=f"ssh to {run.spec.host} failed: {last}")
-        return RankStatus(code, error="its agent ended without reporting the rank's status")
-
     def _poll_exits(self) -> None:
         now = time.monotonic()
         for run in self.runs:
-            if not run.running or run.proc is None:
+            if not run.running:
                 continue
-            if run.step is not None and run.reported is not None:
-                # Its agent said how the rank ended; the step's srun runs on for the other ranks.
-                self._finish(run, self._status_of(run))
-                continue
-            if run.proc.poll() is None:
-                continue
-            if run.exited_at is None:
-                run.exited_at = now
-            # Wait for the pipes to drain, unless something the rank left holds them open.
-            if any(s.open for s in run.streams) and now - run.exited_at < 2.0:
+            status = self._starter(run).ended(run, now)
+            if status is None:
                 continue
             for stream in run.streams:
-                self._close_stream(stream)
-            self._finish(run, self._status_of(run))
+                if stream.fd is not None:  # a pipe of its own ends with it; an srun step's lines go on
+                    self._close_stream(stream)
+            self._finish(run, status)
 
     def _finish(self, run: RankRun, status: RankStatus) -> None:
         run.status = status
@@ -404,7 +303,7 @@ class Supervisor:
             return
         asked = False
         for run in self.runs:
-            if run.running and run.proc is not None:
+            if run.running and run.control is not None:
                 run.state_asked = True
                 run.send(b"S")
                 asked = True
@@ -431,7 +330,7 @@ class Supervisor:
             self._announce()
         self.stopping = True
         for run in self.runs:
-            if run.running and run.state_asked and run.state is None and not run.spec.local and run.step is None:
+            if run.running and run.state_asked and run.state is None and self._starter(run).unreachable(run):
                 # Its agent was asked and said nothing for STATE_WAIT_S: the host or the link to it
                 # is gone, and a stop request would wait out the grace period for nothing.
                 self.silent.append(run)
@@ -547,8 +446,6 @@ class Supervisor:
                 for key, _ in self.selector.select(timeout=0.1):
                     if key.data is None:
                         self._handle_signals()
-                    elif isinstance(key.data, StepStream):
-                        self._read_step(key.data)
                     else:
                         self._read(key.data)
                 self._handle_signals()
@@ -556,46 +453,23 @@ class Supervisor:
                 self._check_deadlines()
                 self._start_pending()
         finally:
-            if self.step is not None:
-                self._end_step(self.step)
-            for run in self.runs:
-                run.close_stdin()
-                for stream in run.streams:
-                    if stream.open:
-                        self._close_stream(stream)
-                if run.proc is not None and run.step is None:
-                    for pipe in (run.proc.stdout, run.proc.stderr):
-                        if pipe is not None:
-                            pipe.close()
-                    if run.proc.poll() is None:
-                        run.kill()
-                        run.proc.wait()
+            self._let_go()
             self._restore_signals(previous)
             self.selector.close()
         return self._summary()
 
-    def _end_step(self, step: Step) -> None:
-        """srun ends once its tasks have; one that outlives the job is killed (its agents then see
-        their stdin close and stop their ranks)."""
-        step.close()
-        try:
-            step.proc.wait(timeout=self.grace + 5.0)
-        except subprocess.TimeoutExpired:
-            step.proc.kill()
-            step.proc.wait()
-        # What srun passed on after the last rank's exit report (its last lines of stdout).
-        deadline = time.monotonic() + 2.0
-        for step_stream in self.step_streams:
-            while step_stream.open and time.monotonic() < deadline:
-                self._read_step(step_stream)
-            if step_stream.open:
-                step_stream.open = False
-                self.selector.unregister(step_stream.fd)
-        for pipe in (step.proc.stdout, step.proc.stderr):
-            if pipe is not None:
-                pipe.close()
-        with contextlib.suppress(OSError):
-            os.unlink(step.hostfile)
+    def _let_go(self) -> None:
+        """The job has ended (or tnt-launch is failing): every starter lets go of what it started,
+        handing on the output that came after; every stream is flushed and closed."""
+        for run in self.runs:
+            run.close_stdin()
+        for way, starter in self.starters.items():
+            runs = [r for r in self.runs if r.spec.way == way]
+            for name, got in starter.close(runs, self.grace):
+                self._take(name, got)
+        for run in self.runs:
+            for stream in run.streams:
+                self._close_stream(stream)
 
     # -- the end ----------------------------------------------------------------------------
 

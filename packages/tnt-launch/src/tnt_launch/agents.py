@@ -1,4 +1,5 @@
-"""Starting agents (`_agent.py`) on the hosts of a job: as local subprocesses or over ssh.
+"""The agent (`_agent.py`) on the hosts of a job: how it starts (here, over ssh, or as a task of an
+srun step: the starters in `starters/`), what it is told, and the questions a host answers through it.
 
 Every agent is the same few lines of Python (`BOOTSTRAP`) given to an interpreter with `-I -c`;
 they read one JSON line from stdin that carries the source of `contract.py`, `jobs.py` and
@@ -9,20 +10,17 @@ passes through a shell: the only shell-quoted words are the interpreter's path a
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shlex
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tnt_launch import _agent, slurm
+from tnt_launch import _agent
 from tnt_launch.config import LaunchError
 from tnt_launch.hosts import Host
 
@@ -110,7 +108,7 @@ def agent_argv(host: Host, ssh: SshSettings) -> list[str]:
     return ssh_argv(host.name, ssh, remote_command(sys.executable))
 
 
-def _hand_request(proc: subprocess.Popen[bytes], request: dict[str, Any]) -> subprocess.Popen[bytes]:
+def hand_request(proc: subprocess.Popen[bytes], request: dict[str, Any]) -> subprocess.Popen[bytes]:
     """Write `request` on a just-started agent's stdin (left open: closing it stops the rank)."""
     assert proc.stdin is not None
     try:
@@ -132,89 +130,7 @@ def start_agent(host: Host, ssh: SshSettings, request: dict[str, Any]) -> subpro
         # ranks in order.
         start_new_session=True,
     )
-    return _hand_request(proc, request)
-
-
-def srun_program() -> list[str]:
-    """What every task of an srun step runs: the agent, under tnt-launch's interpreter where the node
-    has it (a shared installation), else under the first python3 on its PATH."""
-    return ["/bin/sh", "-c", remote_command(sys.executable)]
-
-
-def step_request(requests: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One request for all the tasks of an srun step (srun hands every task the same stdin): what the
-    ranks share once, and each rank's own variables and command; the agent of task r takes rank r's."""
-    first = requests[0]
-    common = {k: v for k, v in first.items() if k not in ("env", "rank") and all(r.get(k) == v for r in requests)}
-    if "env" not in first:
-        return {"mode": "step", "common": common, "ranks": [{k: v for k, v in r.items() if k not in common} for r in requests]}
-    shared_env = {k: v for k, v in first["env"].items() if all(r["env"].get(k) == v for r in requests)}
-    ranks = []
-    for request in requests:
-        own = {k: v for k, v in request.items() if k not in common and k != "env"}
-        own["env"] = {k: v for k, v in request["env"].items() if k not in shared_env}
-        ranks.append(own)
-    return {"mode": "step", "common": {**common, "env": shared_env}, "ranks": ranks}
-
-
-def write_slurm_hostfile(nodes: Sequence[str]) -> str:
-    """A SLURM_HOSTFILE for `--distribution=arbitrary`: task i runs on nodes[i]. The caller removes it."""
-    fd, path = tempfile.mkstemp(prefix="tnt-launch-slurm-hosts-", suffix=".txt")
-    with os.fdopen(fd, "w") as f:
-        f.write("".join(f"{node}\n" for node in nodes))
-    return path
-
-
-def start_step(argv: Sequence[str], hostfile: str, request: dict[str, Any]) -> subprocess.Popen[bytes]:
-    """Start an srun step whose tasks all read `request` (see `step_request`) on stdin."""
-    proc = subprocess.Popen(
-        list(argv),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={**os.environ, "SLURM_HOSTFILE": hostfile},
-        start_new_session=True,
-    )
-    return _hand_request(proc, request)
-
-
-def query_step(
-    hosts: Sequence[Host], make_request: Callable[[Host], dict[str, Any]], timeout: float
-) -> list[tuple[Host, Any, LaunchError | None]]:
-    """`query_host` on every host at once, as the tasks of one srun step (one task per host)."""
-    requests = [make_request(h) for h in hosts]
-    hostfile = write_slurm_hostfile([h.name for h in hosts])
-    argv = slurm.query_argv(len(hosts), srun_program())
-    try:
-        proc = start_step(argv, hostfile, step_request([{**r, "rank": i} for i, r in enumerate(requests)]))
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            return [(h, None, LaunchError(f"srun did not answer for host {h.name} within {timeout:g} s")) for h in hosts]
-    except OSError as e:
-        return [(h, None, LaunchError(f"cannot run srun: {e.strerror}")) for h in hosts]
-    finally:
-        os.unlink(hostfile)
-    answers: dict[int, Any] = {}
-    for line in out.splitlines():
-        labelled = slurm.split_label(line)
-        if labelled is None:
-            continue
-        with contextlib.suppress(ValueError):
-            answers[labelled[0]] = json.loads(labelled[1])
-    errors = err.decode(errors="replace").strip().splitlines()
-    results: list[tuple[Host, Any, LaunchError | None]] = []
-    for i, host in enumerate(hosts):
-        if i not in answers:
-            reason = errors[-1] if errors else f"srun's exit status {proc.returncode}"
-            results.append((host, None, LaunchError(f"cannot reach node {host.name} with srun: {reason}")))
-        elif isinstance(answers[i], dict) and "error" in answers[i]:
-            results.append((host, None, LaunchError(f"host {host.name}: {answers[i]['error']}")))
-        else:
-            results.append((host, answers[i], None))
-    return results
+    return hand_request(proc, request)
 
 
 def query_host(host: Host, ssh: SshSettings, request: dict[str, Any], timeout: float) -> Any:
@@ -265,8 +181,3 @@ def query_hosts(
         return [one(hosts[0])]
     with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
         return list(pool.map(one, hosts))
-
-
-def registry_override() -> str | None:
-    """TNT_LAUNCH_REGISTRY: the registry folder to use on every host instead of the default."""
-    return os.environ.get("TNT_LAUNCH_REGISTRY") or None
