@@ -14,11 +14,12 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Self
+from typing import NoReturn, Self
 
 # After one rank has failed, the others get this long to notice and exit by themselves.
 _FAILURE_GRACE_S = 10.0
@@ -231,3 +232,23 @@ def terminate_as_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def run_main(main: Callable[[], int]) -> NoReturn:
+    """A benchmark's entry point: exits with `main()`'s code, or with 130 after Ctrl+C, once
+    `terminate_as_interrupt` has stopped every worker."""
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("interrupted; all workers were stopped", file=sys.stderr)
+        sys.exit(130)
+
+
+def log_tail(logs: dict[str, str], lines: int = 15) -> str:
+    """The last `lines` non-blank lines of each worker's log (by name), for a failure's report."""
+    parts = []
+    for name, text in sorted(logs.items()):
+        tail = [line for line in text.splitlines() if line.strip()][-lines:]
+        if tail:
+            parts.append(f"--- {name} (last {len(tail)} lines)\n" + "\n".join(tail))
+    return "\n".join(parts)

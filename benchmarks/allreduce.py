@@ -401,7 +401,7 @@ def run_library(
         shutil.rmtree(workdir, ignore_errors=True)
     status, detail = outcome.status, outcome.detail
     if status != "ok":
-        detail += "\n" + log_tail(outcome.logs)
+        detail += "\n" + _ranks.log_tail(outcome.logs)
         for item in plan:
             cells.setdefault(item["bytes"], Cell(status))
     wrong = [(n, c) for n, c in cells.items() if c.detail]
@@ -410,15 +410,6 @@ def run_library(
         detail = "\n".join(f"{format_size(n)}: {c.detail}" for n, c in wrong)
     wall = time.monotonic() - start
     return LibraryRun(library, ranks, status, detail, version, wall, cells)
-
-
-def log_tail(logs: dict[str, str], lines: int = 15) -> str:
-    parts = []
-    for name, text in sorted(logs.items()):
-        tail = [line for line in text.splitlines() if line.strip()][-lines:]
-        if tail:
-            parts.append(f"--- {name} (last {len(tail)} lines)\n" + "\n".join(tail))
-    return "\n".join(parts)
 
 
 MIN_OVERLAP_ITERS = 10
@@ -943,8 +934,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("interrupted; all workers were stopped", file=sys.stderr)
-        sys.exit(130)
+    _ranks.run_main(main)

@@ -324,7 +324,7 @@ def collect(config: Config, workdir: Path, outcome: _ranks.Outcome) -> Run:
     if outcome.status != "ok" or result is None:
         status = outcome.status if outcome.status != "ok" else "failed"
         detail = outcome.detail or "rank 0 printed no result"
-        return Run(config.key, status, detail + "\n" + log_tail(outcome.logs))
+        return Run(config.key, status, detail + "\n" + _ranks.log_tail(outcome.logs))
     if int(result["size"]) != config.ranks:
         return Run(config.key, "failed", f"ran with {result['size']} ranks, not {config.ranks}")
     rounds = [dict(r) for r in result["rounds"]]
@@ -349,15 +349,6 @@ def collect(config: Config, workdir: Path, outcome: _ranks.Outcome) -> Run:
         threads=dict(result.get("threads", {})),
         versions=dict(result.get("versions", {})),
     )
-
-
-def log_tail(logs: dict[str, str], lines: int = 15) -> str:
-    parts = []
-    for name, text in sorted(logs.items()):
-        tail = [line for line in text.splitlines() if line.strip()][-lines:]
-        if tail:
-            parts.append(f"--- {name} (last {len(tail)} lines)\n" + "\n".join(tail))
-    return "\n".join(parts)
 
 
 # --- summarising --------------------------------------------------------------------------------
@@ -833,8 +824,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("interrupted; all workers were stopped", file=sys.stderr)
-        sys.exit(130)
+    _ranks.run_main(main)

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-from cluster_jobs import HOSTS
-from netns_cluster import Cluster, ClusterUnavailable, up
+
+# tnt-launch's helpers of its tests (job_leftovers.py) serve these tests too.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "packages" / "tnt-launch" / "tests"))
+
+from cluster_jobs import HOSTS  # noqa: E402
+from netns_cluster import Cluster, ClusterUnavailable, up  # noqa: E402
 
 
 @pytest.fixture(scope="module")

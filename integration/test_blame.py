@@ -16,11 +16,10 @@ import re
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
-import psutil
 import pytest
+from job_leftovers import assert_job_gone
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = int(os.environ.get("TNT_TEST_SEED") or random.SystemRandom().randrange(10**6))
@@ -68,17 +67,6 @@ TRIALS = [
 ]
 
 
-def _processes_of(job_id: str) -> list[int]:
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.environ().get("TNT_JOB_ID") == job_id and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc.pid)
-        except psutil.Error:
-            continue
-    return found
-
-
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize(("phase", "transport", "delayed", "all_output"), TRIALS)
 def test_the_summary_names_the_rank_that_failed(
@@ -121,9 +109,4 @@ def test_the_summary_names_the_rank_that_failed(
             told = [ln for ln in said if f"rank {culprit} failed (ValueError: planted in " in ln]
             assert told and f"while rank {other} was in allreduce(" in told[-1], (trial, other, output[-4000:])
     assert "finalized and left" not in output and "made fewer" not in output, (trial, output[-4000:])
-    job_id = summary[1]
-    deadline = time.monotonic() + 10
-    while (left := _processes_of(job_id)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not left, (trial, left)
-    assert not [f for f in os.listdir("/dev/shm") if f.startswith(f"tnt-{job_id}-")], trial
+    assert_job_gone(summary[1])  # no process of the job, no shared memory

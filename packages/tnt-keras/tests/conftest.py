@@ -9,6 +9,8 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 # tnt-comm's rank spawner (ranks.py) serves these tests too, for jobs that need no launcher.
 sys.path.insert(0, str(HERE.parents[1] / "tnt-comm" / "tests"))
+# tnt-launch's helpers of its tests (job_leftovers.py, pty_reader.py) serve these tests too.
+sys.path.insert(0, str(HERE.parents[1] / "tnt-launch" / "tests"))
 
 from launch import BUNDLES, SECONDS_PER_BUNDLED_JOB, bundles_enabled  # noqa: E402
 

@@ -14,11 +14,10 @@ from __future__ import annotations
 import os
 import random
 import re
-import time
 
-import psutil
 import pytest
 from conftest import BACKENDS, skip_unless_installed
+from job_leftovers import assert_job_gone
 from launch import run
 
 SEED = int(os.environ.get("TNT_TEST_SEED") or random.SystemRandom().randrange(10**6))
@@ -31,17 +30,6 @@ TRIALS = [
     for b, backend in enumerate(BACKENDS)
     for i, phase in enumerate(PHASES)
 ]
-
-
-def _processes_of(job_id: str) -> list[int]:
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.environ().get("TNT_JOB_ID") == job_id and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc.pid)
-        except psutil.Error:
-            continue
-    return found
 
 
 @pytest.mark.timeout(150)
@@ -87,9 +75,4 @@ def test_the_summary_names_the_rank_that_raised(
                 assert f"while rank {other} was in " in line, (trial, line)
     assert "finalized and left" not in output and "made fewer" not in output, (trial, output[-4000:])
     # Nothing of the job is left: no process, no shared memory.
-    job_id = summary[1]
-    deadline = time.monotonic() + 10
-    while (left := _processes_of(job_id)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not left, (trial, left)
-    assert not [f for f in os.listdir("/dev/shm") if f.startswith(f"tnt-{job_id}-")], trial
+    assert_job_gone(summary[1])

@@ -3,13 +3,12 @@ every rank that prints writes one line per epoch (verbose=2), with no control ch
 
 import os
 import re
-import select
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 from launch import JOBS, SRC, run, tnt_launch
+from pty_reader import read_terminal
 
 SUMMARY = r"^\d+/\d+ - .*loss: "
 """The line verbose=2 ends an epoch (and an evaluation) with: "4/4 - 0s - 5ms/step - ... loss: ..."."""
@@ -42,21 +41,8 @@ def test_on_a_terminal_rank_0_draws_the_live_bar(tmp_path: Path, backend: str) -
     with open(tmp_path / "stderr", "wb") as err:
         proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=slave, stderr=err)
     os.close(slave)
-    shown = b""
-    deadline = time.monotonic() + 220
     try:
-        while time.monotonic() < deadline:
-            if not select.select([master], [], [], 0.2)[0]:
-                continue
-            try:
-                data = os.read(master, 65536)
-            except OSError:  # EIO: tnt-launch has closed the terminal
-                data = b""
-            if not data:
-                break
-            shown += data
-        else:
-            proc.kill()
+        shown = read_terminal(master, proc, 220)
         code = proc.wait(timeout=30)
     finally:
         os.close(master)

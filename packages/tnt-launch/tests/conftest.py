@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from job_leftovers import assert_job_gone, processes_of_job, running  # noqa: F401 - the tests take them from here
 
 TESTS = Path(__file__).resolve().parent
 RANK = str(TESTS / "rank_report.py")
@@ -95,38 +96,6 @@ def read_reports(folder: Path, count: int, timeout: float = 30) -> list[dict]:
         if time.monotonic() > deadline:
             missing = [p.name for p in paths if not p.exists()]
             raise AssertionError(f"rank reports missing after {timeout} s: {missing}")
-        time.sleep(0.05)
-
-
-def running(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def processes_of_job(job_id: str) -> list[int]:
-    """PIDs of live processes whose environment says they belong to job `job_id`."""
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.environ().get("TNT_JOB_ID") == job_id and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc.pid)
-        except psutil.Error:
-            continue
-    return found
-
-
-def assert_job_gone(job_id: str, pids: Sequence[int] = (), timeout: float = 10) -> None:
-    """Nothing of the job is left: no process with its TNT_JOB_ID, none of `pids`, no shm file."""
-    deadline = time.monotonic() + timeout
-    while True:
-        left = processes_of_job(job_id) + [p for p in pids if running(p)]
-        shm = list(Path("/dev/shm").glob(f"tnt-{job_id}-*"))
-        if not left and not shm:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"job {job_id} left processes {sorted(set(left))} and files {shm}")
         time.sleep(0.05)
 
 

@@ -4,13 +4,12 @@ told (TNT_STDOUT_TTY=true) so that it may draw live progress bars; into a pipe, 
 from __future__ import annotations
 
 import os
-import select
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 from conftest import TESTS, Launcher, read_reports
+from pty_reader import read_terminal
 
 TTY_RANK = str(TESTS / "tty_rank.py")
 
@@ -31,28 +30,19 @@ def _in_terminal(
         stderr=subprocess.PIPE,
     )
     os.close(slave)
-    shown = b""
-    before_go = None
-    deadline = time.monotonic() + timeout
+    before: list[bytes] = []
+
+    def seen(shown: bytes) -> None:
+        if not before and b"a" in shown:
+            before.append(shown)
+            go.touch()
+
     try:
-        while time.monotonic() < deadline:
-            if not select.select([master], [], [], 0.2)[0]:
-                continue
-            try:
-                data = os.read(master, 4096)
-            except OSError:  # EIO: tnt-launch has closed the terminal
-                data = b""
-            if not data:
-                break
-            shown += data
-            if before_go is None and b"a" in shown:
-                before_go = shown
-                go.touch()
-        else:
-            proc.kill()
+        shown = read_terminal(master, proc, timeout, chunk=4096, seen=seen)
         _, err = proc.communicate(timeout=30)
     finally:
         os.close(master)
+    before_go = before[0] if before else None
     return before_go, shown, err.decode(errors="replace"), proc.returncode
 
 

@@ -10,6 +10,7 @@ callback that fails on the master rank makes its hook raise on every rank, so no
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -234,13 +235,17 @@ def wrap_all(
     return handed
 
 
+_rank_log_dirs: weakref.WeakKeyDictionary[keras.callbacks.TensorBoard, str] = weakref.WeakKeyDictionary()
+"""The rank folder each TensorBoard callback writes to (its log_dir as _rank_log_dir made it)."""
+
+
 def _rank_log_dir(callback: keras.callbacks.TensorBoard) -> None:
     """Moves ``log_dir`` into this rank's ``rank_<r>`` folder, once: the same callback passed to a
     second ``fit`` (or to ``evaluate``) must not end up in ``rank_0/rank_0``."""
-    if getattr(callback, "_tnt_rank_log_dir", None) == callback.log_dir:
+    if _rank_log_dirs.get(callback) == callback.log_dir:
         return
     callback.log_dir = os.path.join(str(callback.log_dir), f"rank_{runtime.get_rank()}")
-    callback._tnt_rank_log_dir = callback.log_dir  # a log_dir changed later gets its own rank folder
+    _rank_log_dirs[callback] = callback.log_dir  # a log_dir changed later gets its own rank folder
 
 
 def _read_only_backup(callback: keras.callbacks.BackupAndRestore) -> None:

@@ -8,6 +8,8 @@ from typing import Any
 
 import keras
 
+from . import state
+
 # The public names of ``keras.Model`` that ``tnt.Model`` does not hand to the wrapped model, and why.
 # Every other public name of ``keras.Model``, and the attributes in ``FORWARDED_ATTRIBUTES``, is the
 # wrapped model's own: read, called and set there.
@@ -66,8 +68,7 @@ def wrapped(obj: Any) -> keras.Model | None:
 
 
 def awaiting(obj: Any) -> bool:
-    local = obj.__dict__.get("_tnt_local")
-    return bool(local) and "awaiting" in local
+    return "awaiting" in state.of(obj).local
 
 
 class Forwarded:

@@ -16,7 +16,7 @@ from typing import Any
 import keras
 from keras.src.backend.common.stateless_scope import StatelessScope
 
-from . import backends
+from . import backends, state
 
 
 class _Reducing(threading.local):
@@ -24,6 +24,7 @@ class _Reducing(threading.local):
 
 
 _reducing = _Reducing()
+_global_metrics = state.Marked()  # metrics whose result() is global already
 
 
 @contextlib.contextmanager
@@ -42,7 +43,7 @@ def _summed(variables: Sequence[Any]) -> Iterator[None]:
 
 
 def _global_result(metric: keras.metrics.Metric) -> None:
-    if getattr(metric, "_tnt_global", False):
+    if metric in _global_metrics:
         return
     original = metric.result
 
@@ -51,7 +52,7 @@ def _global_result(metric: keras.metrics.Metric) -> None:
             return original()
 
     metric.result = result
-    metric._tnt_global = True
+    _global_metrics.add(metric)
 
 
 def install_global_metrics(model: keras.Model, size: int) -> None:
@@ -64,7 +65,7 @@ def install_global_metrics(model: keras.Model, size: int) -> None:
         return
     for metric in model.metrics:
         _global_result(metric)
-    if getattr(model, "_tnt_global_metrics", False):
+    if state.of(model).global_metrics:
         return
     original = model.get_metrics_result
 
@@ -75,4 +76,4 @@ def install_global_metrics(model: keras.Model, size: int) -> None:
             return original()
 
     model.get_metrics_result = get_metrics_result
-    model._tnt_global_metrics = True
+    state.of(model).global_metrics = True

@@ -23,7 +23,7 @@ import keras
 import numpy as np
 import tnt_comm
 
-from . import backends, configs, files, metrics, outcome, predictions, preemption, runtime, timeline
+from . import backends, configs, files, metrics, outcome, predictions, preemption, runtime, state, timeline
 from . import callbacks as tnt_callbacks
 from . import variables as shared_variables
 from .forwarding import FORWARDED_ATTRIBUTES, INTERCEPTED, NO_CLASS, Forwarded, awaiting, wrapped
@@ -103,10 +103,9 @@ class Model(keras.Model):
 
     def _start(self, **kwargs: Any) -> None:
         """Initialises the wrapper as a Keras model of its own, still without a wrapped model."""
-        self._tnt_local: dict[str, Any] = {}
+        mine = state.of(self)
         keras.Model.__init__(self, **kwargs)
-        self._tnt_rank = runtime.get_rank()
-        self._tnt_size = runtime.get_size()
+        mine.rank, mine.size = runtime.get_rank(), runtime.get_size()
         self._backend = backends.current()
 
     def _adopt(self, model: keras.Model) -> None:
@@ -144,13 +143,13 @@ class Model(keras.Model):
     @property
     def _initial_epoch(self) -> Any:
         model = wrapped(self)
-        return model._initial_epoch if model is not None else self._tnt_local.get("_initial_epoch")
+        return model._initial_epoch if model is not None else state.of(self).local.get("_initial_epoch")
 
     @_initial_epoch.setter
     def _initial_epoch(self, value: Any) -> None:
         model = wrapped(self)
         if model is None:
-            self._tnt_local["_initial_epoch"] = value
+            state.of(self).local["_initial_epoch"] = value
         else:
             model._initial_epoch = value
 
@@ -190,7 +189,7 @@ class Model(keras.Model):
         # has no wrapped model, and using it raises an error that says so.
         wrapper = cls.__new__(cls)
         wrapper._start(name=f"tnt_{config.get('name', 'model')}")
-        wrapper._tnt_local["awaiting"] = (copy.deepcopy(config), custom_objects)
+        state.of(wrapper).local["awaiting"] = (copy.deepcopy(config), custom_objects)
         wrapper.built = False
         return wrapper
 
@@ -214,7 +213,7 @@ class Model(keras.Model):
     def build_from_config(self, config: dict[str, Any]) -> None:
         named = config.get("tnt_model_class") if isinstance(config, dict) else None
         inner_build = config.get("build_config") if named is not None else config
-        awaiting = self._tnt_local.pop("awaiting", None)
+        awaiting = state.of(self).local.pop("awaiting", None)
         if awaiting is not None:
             if not named:
                 raise ValueError(NO_CLASS)
@@ -250,7 +249,7 @@ class Model(keras.Model):
     def _warn_inexact_losses(self) -> None:
         """Gradients are scaled by each rank's share of the batch, which is exact for losses that are
         means over the batch; not for sums, nor for means divided by the summed sample weights."""
-        if self._tnt_size == 1:
+        if state.of(self).size == 1:
             return
         losses = [loss for loss in keras.tree.flatten(getattr(self._model, "loss", None)) if loss is not None]
         for loss in losses:
@@ -273,8 +272,8 @@ class Model(keras.Model):
 
     def _install_hooks(self) -> None:
         self.compiled = True
-        self._backend.install_hooks(self._model, self._tnt_size)
-        metrics.install_global_metrics(self._model, self._tnt_size)
+        self._backend.install_hooks(self._model, state.of(self).size)
+        metrics.install_global_metrics(self._model, state.of(self).size)
 
     # -- training and inference -------------------------------------------------------------------
 
@@ -296,8 +295,8 @@ class Model(keras.Model):
             y,
             sample_weight,
             batch_size,
-            rank=self._tnt_rank,
-            size=self._tnt_size,
+            rank=state.of(self).rank,
+            size=state.of(self).size,
             shuffle=shuffle,
             distribute=distribute,
             micro_batch_size=micro_batch_size,
@@ -324,18 +323,18 @@ class Model(keras.Model):
         )
         if unbuilt:
             self._backend.build(inner, ds)
-        metrics.install_global_metrics(inner, self._tnt_size)
+        metrics.install_global_metrics(inner, state.of(self).size)
         with timeline.span("broadcast of rank 0's variables"):
             shared_variables.broadcast_variables(shared_variables.model_and_optimizer_variables(inner))
         self._warn_small_batch_norm(ds)
 
     def _warn_small_batch_norm(self, ds: Any) -> None:
-        if self._tnt_size == 1 or self._tnt_local.get("bn_warned"):
+        if state.of(self).size == 1 or state.of(self).local.get("bn_warned"):
             return
         global_batch = self._backend.global_batch_size(ds)
         if global_batch is None:
             return
-        micro = global_batch // self._tnt_size
+        micro = global_batch // state.of(self).size
         has_bn = any(isinstance(layer, keras.layers.BatchNormalization) for layer in self._model._flatten_layers())
         if has_bn and micro < _BN_WARN_BELOW:
             logger.warning(
@@ -343,10 +342,10 @@ class Model(keras.Model):
                 "%d ranks); statistics over fewer than %d samples are noisy. Use a larger global batch.",
                 micro,
                 global_batch,
-                self._tnt_size,
+                state.of(self).size,
                 _BN_WARN_BELOW,
             )
-            self._tnt_local["bn_warned"] = True
+            state.of(self).local["bn_warned"] = True
 
     def fit(
         self,
@@ -496,7 +495,7 @@ class Model(keras.Model):
         self._backend.build_for_predict(inner, ds)
         predictions.sync_variables(inner)
         wrapped = tnt_callbacks.wrap_all(callbacks, self)
-        if self._tnt_size == 1 or not tnt_distribute_dataset:
+        if state.of(self).size == 1 or not tnt_distribute_dataset:
             with self._backend.explain_errors("predict"):
                 return inner.predict(ds, verbose=self._verbose(verbose), steps=steps, callbacks=wrapped)
         steps_per_execution = inner.steps_per_execution

@@ -100,15 +100,18 @@ class _RankFilter(logging.Filter):
         return rank == MASTER_RANK or _env_flag(contract.LOG_ON_ALL_DEVICES)
 
 
+_HANDLER = "tnt_keras"  # the name of the handler setup_logging adds, once
+
+
 def setup_logging() -> None:
     """Configures the ``tnt_keras`` logger once, from ``TNT_LOG_LEVEL`` (default WARNING)."""
-    if getattr(logger, "_tnt_configured", False):
+    if any(handler.get_name() == _HANDLER for handler in logger.handlers):
         return
     level = os.environ.get(contract.LOG_LEVEL, "WARNING").upper()
     logger.setLevel(level if level in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL") else "WARNING")
     handler = logging.StreamHandler()
+    handler.set_name(_HANDLER)
     handler.setFormatter(logging.Formatter("[tnt %(levelname)s rank %(tnt_rank)s] %(message)s"))
     handler.addFilter(_RankFilter())
     logger.addHandler(handler)
     logger.propagate = False
-    logger._tnt_configured = True  # type: ignore[attr-defined]

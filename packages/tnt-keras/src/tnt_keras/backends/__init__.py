@@ -29,6 +29,8 @@ from typing import Any
 import keras
 import tnt_comm
 
+from .. import state
+
 _MODULES = {"tensorflow": "tensorflow", "torch": "torch"}
 
 
@@ -48,11 +50,11 @@ def current() -> ModuleType:
 def guard_steps(model: keras.Model, size: int, guarded: Callable[[keras.Model, Any], Any]) -> None:
     """Wraps ``model``'s train and test steps in a backend's empty-slice guard, ``guarded(model,
     step)`` (idempotent; one rank needs none)."""
-    if size == 1 or model.__dict__.get("_tnt_empty_slices"):
+    if size == 1 or state.of(model).empty_slices_guarded:
         return
     for name in ("train_step", "test_step"):
         setattr(model, name, guarded(model, getattr(model, name)))
-    model._tnt_empty_slices = True
+    state.of(model).empty_slices_guarded = True
 
 
 def mismatch_advice(what: str, message: str) -> str:
@@ -75,6 +77,9 @@ def reraised(what: str, found: dict[str, Any]) -> tnt_comm.TntError:
     return tnt_comm.error_from_data(found, message)
 
 
+_explained = state.Marked()  # errors explain_python_errors raised already: passed on as they are
+
+
 @contextlib.contextmanager
 def explain_python_errors(what: str) -> Iterator[None]:
     """For backends whose steps call tnt-comm from Python: its errors arrive as they are raised, and
@@ -83,8 +88,8 @@ def explain_python_errors(what: str) -> Iterator[None]:
         yield
     except tnt_comm.TntError as error:
         found = tnt_comm.error_data(error)
-        if not isinstance(found, dict) or "message" not in found or getattr(error, "_tnt_explained", False):
+        if not isinstance(found, dict) or "message" not in found or error in _explained:
             raise
         rebuilt = reraised(what, found)
-        rebuilt._tnt_explained = True  # type: ignore[attr-defined]
+        _explained.add(rebuilt)
         raise rebuilt from error

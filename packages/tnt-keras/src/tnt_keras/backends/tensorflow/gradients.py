@@ -20,6 +20,7 @@ import tensorflow as tf
 import tnt_comm
 
 from ... import ops
+from ... import state as model_state
 from ...runtime import fusion_threshold_bytes
 from ...variables import check_optimizer, model_optimizers
 
@@ -154,7 +155,7 @@ def install_gradient_sum(model: keras.Model, size: int) -> None:
     """
     if size == 1:
         return
-    state = model.__dict__.get("_tnt_step_state")
+    state = model_state.of(model).step_state
     if state is None:
         state = StepState()
         original_train_step = model.train_step
@@ -174,12 +175,12 @@ def install_gradient_sum(model: keras.Model, size: int) -> None:
                 state.local = state.pending = state.value = None
 
         model.train_step = train_step
-        model._tnt_step_state = state
+        model_state.of(model).step_state = state
 
     threshold = fusion_threshold_bytes()
     for optimizer in model_optimizers(model):
         check_optimizer(optimizer)
-        if not getattr(optimizer, "_tnt_reduced", False):
+        if optimizer not in model_state.reduced_optimizers:
             _sum_before_apply(optimizer, state, size, threshold)
 
 
@@ -193,4 +194,4 @@ def _sum_before_apply(optimizer: keras.optimizers.Optimizer, state: StepState, s
         return original_apply(sum_gradients(list(grads), fraction, threshold), trainable_variables)
 
     optimizer.apply = apply
-    optimizer._tnt_reduced = True
+    model_state.reduced_optimizers.add(optimizer)

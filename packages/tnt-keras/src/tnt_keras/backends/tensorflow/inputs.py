@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from ... import state
 from ...runtime import logger
 from ...slicing import DEFAULT_SHUFFLE_SEED, too_small
 
@@ -127,12 +128,15 @@ def default_shuffle_seed() -> int:
     return (int(global_seed) * 1_000_003 + 7_919) % (2**31 - 1)
 
 
+_seeded = state.Marked()  # Dataset.shuffle as install_shuffle_seed replaced it
+
+
 def install_shuffle_seed() -> None:
     """Makes ``Dataset.shuffle`` without a seed use ``default_shuffle_seed()`` (logged at INFO)."""
     from tensorflow.python.data.ops import dataset_ops
 
     original = dataset_ops.DatasetV2.shuffle
-    if getattr(original, "_tnt_seeded", False):
+    if original in _seeded:
         return
 
     def shuffle(self: Any, buffer_size: Any, seed: Any = None, reshuffle_each_iteration: Any = True, name: Any = None):
@@ -141,7 +145,7 @@ def install_shuffle_seed() -> None:
             logger.info("Dataset.shuffle without a seed: using seed %d so that every rank shuffles alike", seed)
         return original(self, buffer_size, seed=seed, reshuffle_each_iteration=reshuffle_each_iteration, name=name)
 
-    shuffle._tnt_seeded = True  # type: ignore[attr-defined]
+    _seeded.add(shuffle)
     shuffle.__doc__ = original.__doc__
     dataset_ops.DatasetV2.shuffle = shuffle
 

@@ -21,6 +21,7 @@ hooks start buckets from the second step on, so the first step sums after backwa
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,6 +31,7 @@ import numpy as np
 import tnt_comm
 import torch
 
+from ... import state as model_state
 from ...runtime import fusion_threshold_bytes
 from ...variables import check_optimizer, model_optimizers, numpy_dtype
 
@@ -109,6 +111,10 @@ class _Registered:
         torch.cuda.cudart().cudaHostUnregister(self.pointer)
 
 
+_registered: weakref.WeakKeyDictionary[torch.Tensor, _Registered] = weakref.WeakKeyDictionary()
+"""Each host tensor in the shared arena, with its CUDA registration: unregistered when the tensor goes."""
+
+
 def _pinned_host(count: int, dtype: torch.dtype, shared: bool) -> torch.Tensor:
     """Page-locked host memory for a bucket: in the shared arena where there is one (tnt-comm's
     single-copy allreduce then reads the other ranks' buckets in place), else pinned by torch."""
@@ -122,7 +128,7 @@ def _pinned_host(count: int, dtype: torch.dtype, shared: bool) -> torch.Tensor:
             else:
                 host = torch.from_numpy(array.view(np.int16) if dtype == torch.bfloat16 else array)
                 host = host.view(torch.bfloat16) if dtype == torch.bfloat16 else host
-                host._tnt_registered = keep  # unregistered when the tensor goes
+                _registered[host] = keep  # unregistered when the tensor goes
                 return host
     return torch.empty(count, dtype=dtype, pin_memory=True)
 
@@ -314,7 +320,7 @@ class GradientSum:
     def wrap_optimizers(self) -> None:
         for optimizer in model_optimizers(self.model):
             check_optimizer(optimizer)
-            if not getattr(optimizer, "_tnt_reduced", False):
+            if optimizer not in model_state.reduced_optimizers:
                 self._sum_before_apply(optimizer)
 
     def _sum_before_apply(self, optimizer: Any) -> None:
@@ -330,7 +336,7 @@ class GradientSum:
             return original_apply(summed, trainable_variables)
 
         optimizer.apply = apply
-        optimizer._tnt_reduced = True
+        model_state.reduced_optimizers.add(optimizer)
 
     def plan(self, variables: Sequence[Any]) -> Plan:
         key = tuple(id(v) for v in variables)
@@ -363,8 +369,8 @@ def install_gradient_sum(model: keras.Model, size: int) -> None:
     wrapped too). One rank needs none."""
     if size == 1:
         return
-    existing = model.__dict__.get("_tnt_gradient_sum")
-    if existing is None:
-        model._tnt_gradient_sum = GradientSum(model, size)
+    mine = model_state.of(model)
+    if mine.gradient_sum is None:
+        mine.gradient_sum = GradientSum(model, size)
     else:
-        existing.wrap_optimizers()
+        mine.gradient_sum.wrap_optimizers()
