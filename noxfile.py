@@ -176,7 +176,7 @@ class SharedEnv:
         bytecode = self.start(*WRITE_BYTECODE, env={**bytecode_env("tensorflow"), **op_compiler_cache()})
         # With TensorFlow importable at build time, as users get with --no-build-isolation: the wheel
         # then carries the compiled op (test_prebuilt_op checks that it is the one loaded, and that
-        # `python -m tnt_keras.ops` finds it). --no-deps: it touches no other package.
+        # `python -m tnt_keras.backends.tensorflow.ops` finds it). --no-deps: it touches no other package.
         pip = self.installer("--no-build-isolation", "--no-deps", "--force-reinstall", str(KERAS))
         return [bytecode, self.start(*pip, env=op_compiler_cache())]
 

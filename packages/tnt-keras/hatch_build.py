@@ -1,7 +1,7 @@
 """Wheel build hook: compiles the TensorFlow op into the wheel when TensorFlow is importable.
 
 That is the case with ``pip install --no-build-isolation`` in an environment that has TensorFlow and
-tnt-comm: the wheel then carries ``tnt_keras/ops/prebuilt/tnt_ops-<tf>-<python>-<abi>.so`` and
+tnt-comm: the wheel then carries ``tnt_keras/backends/tensorflow/ops/prebuilt/tnt_ops-<tf>-<python>-<abi>.so`` and
 is tagged for this platform, and no rank compiles at start-up. Otherwise (the default isolated
 build has no TensorFlow) the wheel stays pure Python and the op is compiled on first import.
 ``TNT_KERAS_BUILD_OP=0`` skips the compile. A failed compile never fails the install.
@@ -19,7 +19,7 @@ from typing import Any
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
-BUILD_MODULE = Path(__file__).parent / "src" / "tnt_keras" / "ops" / "_build.py"
+BUILD_MODULE = Path(__file__).parent / "src" / "tnt_keras" / "backends" / "tensorflow" / "ops" / "_build.py"
 
 
 def _say(message: str) -> None:
@@ -54,7 +54,7 @@ class OpBuildHook(BuildHookInterface):
         except Exception as e:  # noqa: BLE001 - the first-import build is the fallback
             _say(f"could not compile the op ({e}); it will be compiled on first import")
             return
-        build_data["force_include"][str(target)] = f"tnt_keras/ops/prebuilt/{name}"
+        build_data["force_include"][str(target)] = f"tnt_keras/backends/tensorflow/ops/prebuilt/{name}"
         build_data["pure_python"] = False
         build_data["infer_tag"] = True
         _say(f"compiled the TensorFlow op into the wheel: {name}")

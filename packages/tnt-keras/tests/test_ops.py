@@ -1,4 +1,5 @@
-"""tnt_keras.ops with real rank processes: results, ordering, both backends, failures, the build cache.
+"""The TensorFlow op (tnt_keras.backends.tensorflow.ops) with real rank processes: results,
+ordering, both backends, failures, the build cache.
 
 TensorFlow takes seconds to import, so each job runs many checks per process: one 3-rank job builds
 the op concurrently into an empty cache and ends with a dead peer; a 2-rank and a 1-rank job reuse
@@ -32,15 +33,17 @@ class Keep(logging.Handler):
 logging.getLogger("tnt_keras").addHandler(Keep())
 logging.getLogger("tnt_keras").setLevel(logging.INFO)
 t_import = time.time()
-# tnt_keras.ops without the package's __init__ (Keras, the runtime, logging setup): faster, and the
-# op is tested on its own terms.
-package = types.ModuleType("tnt_keras")
-package.__path__ = [os.path.join(os.environ["TNT_KERAS_SRC"], "tnt_keras")]
-sys.modules["tnt_keras"] = package
+# The op's package without the __init__ of the packages above it (Keras, the runtime, logging setup,
+# the backend's other modules): faster, and the op is tested on its own terms.
+folder = os.environ["TNT_KERAS_SRC"]
+for name in ("tnt_keras", "tnt_keras.backends", "tnt_keras.backends.tensorflow"):
+    package = types.ModuleType(name)
+    package.__path__ = [os.path.join(folder, *name.split("."))]
+    sys.modules[name] = package
 import numpy as np
 import tensorflow as tf
 import tnt_comm
-import tnt_keras.ops as o
+import tnt_keras.backends.tensorflow.ops as o
 
 out = {"import": [t_import, time.time()], "backend_at_import": o.backend(), "suites": []}
 r, n = tnt_comm.rank(), tnt_comm.size()
@@ -203,12 +206,12 @@ else:
 out["compiled"] = compile_count()
 # The one notice that a compile starts is expected; any other warning is a failure.
 out["warnings"] = [m for lvl, m in records if lvl == "WARNING" and "compiling the TensorFlow op" not in m]
-from tnt_keras.ops import _build
+from tnt_keras.backends.tensorflow.ops import _build
 
 out["library"] = str(_build.library_path(_build.compiler()))
 
 if os.environ.get("BUILD_FAILURES") == "1":  # no compiler, a failing compiler: one warning, fallback
-    from tnt_keras.ops.__main__ import main
+    from tnt_keras.backends.tensorflow.ops.__main__ import main
 
     loaded, env = o._loaded, dict(os.environ)
     os.environ["TNT_KERAS_CACHE_DIR"] = tempfile.mkdtemp()
@@ -377,7 +380,7 @@ def test_one_rank_cache_reuse_and_build_failures(job3: Any, cache: Path, tmp_pat
 QUIET_IMPORT_CODE = r"""
 import json
 import tnt_keras
-from tnt_keras import ops
+from tnt_keras.backends.tensorflow import ops
 print("RESULT " + json.dumps({"backend": ops.backend()}), flush=True)
 """
 

@@ -16,7 +16,7 @@ def installed_prebuilt_dir() -> Path | None:
     spec = importlib.util.find_spec("tnt_keras")
     if spec is None or spec.origin is None:
         return None
-    folder = Path(spec.origin).parent / "ops" / "prebuilt"
+    folder = Path(spec.origin).parent / "backends" / "tensorflow" / "ops" / "prebuilt"
     return folder if folder.is_dir() else None
 
 
@@ -32,7 +32,7 @@ def test_the_op_built_at_install_time_is_the_one_loaded(tmp_path: Path) -> None:
     env.update(TNT_KERAS_CACHE_DIR=str(tmp_path / "empty-cache"), TF_CPP_MIN_LOG_LEVEL="2")
     code = (
         "import tensorflow as tf, tnt_keras\n"
-        "from tnt_keras import ops\n"
+        "from tnt_keras.backends.tensorflow import ops\n"
         "print(ops.backend(), float(ops.allreduce(tf.constant(2.5)).numpy()))\n"
     )
     proc = subprocess.run(
@@ -42,7 +42,7 @@ def test_the_op_built_at_install_time_is_the_one_loaded(tmp_path: Path) -> None:
     assert proc.stdout.split() == ["async-op", "2.5"], proc.stdout
     # Nothing was compiled: the cache it would have compiled into was never created.
     assert not (tmp_path / "empty-cache").exists()
-    command = [sys.executable, "-m", "tnt_keras.ops"]
+    command = [sys.executable, "-m", "tnt_keras.backends.tensorflow.ops"]
     listed = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=100, check=True)
     assert Path(listed.stdout.strip().splitlines()[-1]).parent == folder, listed.stdout
 

@@ -35,7 +35,7 @@ import tnt_keras as tnt  # noqa: E402
 x, y = np.linspace(-1, 1, 24, dtype=np.float32).reshape(8, 3), np.arange(8, dtype=np.int32) % 2
 if BACKEND == "tensorflow":
     import tensorflow as tf
-    from tnt_keras.ops import _build
+    from tnt_keras.backends.tensorflow.ops import _build
 
     # Run on the source tree (as the jobs import it, without a prebuilt op), this also fills the op
     # cache up front, so that the first test does not pay for the compile.

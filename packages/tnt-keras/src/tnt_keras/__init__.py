@@ -42,7 +42,4 @@ __version__ = "0.1.0"
 tnt_comm.init()
 # SIGUSR1 (a preemption warning) becomes a checkpoint from now on, never the end of the rank.
 preemption.install()
-if backends.current().__name__.endswith(".tensorflow"):
-    from .backends.tensorflow.inputs import install_shuffle_seed
-
-    install_shuffle_seed()
+backends.current().prepare()

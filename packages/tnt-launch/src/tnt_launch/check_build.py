@@ -32,7 +32,7 @@ def _keras_op_status() -> str:
     if importlib.util.find_spec("tensorflow") is None:
         return f"tnt_keras ({folder}): TensorFlow is not installed"
     # _build.py alone, without the package's __init__ (which would load, and so build, the op).
-    build_spec = importlib.util.spec_from_file_location("_tnt_keras_ops_build", folder / "ops" / "_build.py")
+    build_spec = importlib.util.spec_from_file_location("_tnt_keras_ops_build", folder / "backends" / "tensorflow" / "ops" / "_build.py")
     assert build_spec is not None and build_spec.loader is not None
     build = importlib.util.module_from_spec(build_spec)
     build_spec.loader.exec_module(build)
@@ -51,7 +51,7 @@ def _keras_op_status() -> str:
         return f"{head} compiled into the cache ({cached})"
     return (
         f"{head} not built yet: the first job compiles it once for this host (about 10 s); "
-        "`python -m tnt_keras.ops` does it now"
+        "`python -m tnt_keras.backends.tensorflow.ops` does it now"
     )
 
 

@@ -1,20 +1,11 @@
-"""What differs between Keras backends, behind one interface; everything else in tnt-keras is shared.
+"""What differs between Keras backends, behind one interface (`Backend`); everything else in
+tnt-keras is shared.
 
 ``current()`` is the module of the backend Keras runs on (``keras.backend.backend()``), imported
 only when first asked for, so that a job on one backend never imports another's framework. Each
-backend module provides:
-
-- ``is_dataset(x)``: whether ``x`` is an input of that backend's own that arrives batched with the
-  global batch size (``tf.data.Dataset``; a torch ``DataLoader`` or a ``keras.utils.PyDataset``);
-- ``distribute(x, y, sample_weight, batch_size, *, rank, size, shuffle, distribute, micro_batch_size,
-  what)``: what this rank hands to Keras: its slice of every global batch (``slicing.py`` states the rule);
-- ``global_batch_size(ds)``: the global batch size of what ``distribute`` returned, where known;
-- ``build(model, ds)`` and ``build_for_predict(model, ds)``: create the variables from the data's shapes;
-- ``install_hooks(model, size)``: the gradient sum and the empty-slice guard (idempotent);
-- ``summed_values(variables)``: the values of metric states summed over ranks (``metrics.py``);
-- ``explain_errors(what)``: a context in which tnt-comm's errors reach the user as tnt-comm's types.
-
-A new backend (JAX) is one more module here and one more line in ``current()``.
+backend is a package here (``tensorflow/``, ``torch/``) whose module implements `Backend`; adding
+one is a new package and one line in ``_MODULES``. Nothing outside ``backends/`` asks which backend
+runs: it asks `current()` for what differs.
 """
 
 from __future__ import annotations
@@ -23,8 +14,8 @@ import contextlib
 import functools
 import importlib
 from collections.abc import Callable, Iterator
-from types import ModuleType
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Any, Protocol, cast
 
 import keras
 import tnt_comm
@@ -34,8 +25,53 @@ from .. import state
 _MODULES = {"tensorflow": "tensorflow", "torch": "torch"}
 
 
+class Backend(Protocol):
+    """What a backend module provides (each function at its module's top level)."""
+
+    def prepare(self) -> None:
+        """Once, when tnt_keras is imported: what the backend changes of its framework (TensorFlow:
+        ``Dataset.shuffle`` without a seed takes one shared by every rank)."""
+        ...
+
+    def is_dataset(self, x: Any) -> bool:
+        """Whether ``x`` is an input of the backend's own that arrives batched with the global batch
+        size (``tf.data.Dataset``; a torch ``DataLoader`` or a ``keras.utils.PyDataset``)."""
+        ...
+
+    def distribute(
+        self, x: Any, y: Any, sample_weight: Any, batch_size: int | None, *, rank: int, size: int, shuffle: bool,
+        distribute: bool, micro_batch_size: int | None, what: str,
+    ) -> Any:
+        """What this rank hands to Keras: its slice of every global batch (``slicing.py`` states the rule)."""
+        ...
+
+    def global_batch_size(self, ds: Any) -> int | None:
+        """The global batch size of what ``distribute`` returned, where known."""
+        ...
+
+    def build(self, model: keras.Model, ds: Any) -> None:
+        """Creates the model's variables from the data's shapes, for training."""
+        ...
+
+    def build_for_predict(self, model: keras.Model, ds: Any) -> None:
+        """Creates the model's variables from the data's shapes, for predict."""
+        ...
+
+    def install_hooks(self, model: keras.Model, size: int) -> None:
+        """The gradient sum and the empty-slice guard (idempotent)."""
+        ...
+
+    def summed_values(self, variables: list[Any]) -> list[Any]:
+        """The values of metric states summed over ranks (``metrics.py``)."""
+        ...
+
+    def explain_errors(self, what: str) -> AbstractContextManager[None]:
+        """A context in which tnt-comm's errors reach the user as tnt-comm's types."""
+        ...
+
+
 @functools.cache  # a process runs on one backend; metrics ask for it on every step
-def current() -> ModuleType:
+def current() -> Backend:
     """The module of the Keras backend this process runs on."""
     name = keras.backend.backend()
     module = _MODULES.get(name)
@@ -44,7 +80,7 @@ def current() -> ModuleType:
             f"tnt: Keras' {name!r} backend is not supported yet; tnt runs on {', '.join(sorted(_MODULES))}. "
             "Set KERAS_BACKEND=tensorflow or KERAS_BACKEND=torch."
         )
-    return importlib.import_module(f"{__name__}.{module}")
+    return cast(Backend, importlib.import_module(f"{__name__}.{module}"))
 
 
 def guard_steps(model: keras.Model, size: int, guarded: Callable[[keras.Model, Any], Any]) -> None:

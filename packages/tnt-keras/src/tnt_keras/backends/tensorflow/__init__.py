@@ -19,6 +19,11 @@ from . import gradients, inputs, steps
 _ERROR_PAYLOAD = "tnt_comm.error"
 
 
+def prepare() -> None:
+    """``Dataset.shuffle`` without a seed takes the seed every rank shares (inputs.py)."""
+    inputs.install_shuffle_seed()
+
+
 def _tnt_comm_error(error: tf.errors.OpError) -> dict[str, Any] | None:
     """tnt-comm's error behind a TensorFlow error, as data, if there is one."""
     payloads = getattr(error, "experimental_payloads", None) or {}

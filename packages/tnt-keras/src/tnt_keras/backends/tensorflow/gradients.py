@@ -19,10 +19,10 @@ import numpy as np
 import tensorflow as tf
 import tnt_comm
 
-from ... import ops
 from ... import state as model_state
 from ...runtime import fusion_threshold_bytes
 from ...variables import check_optimizer, model_optimizers
+from . import ops
 
 
 class StepState(threading.local):

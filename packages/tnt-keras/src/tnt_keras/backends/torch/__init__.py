@@ -28,6 +28,10 @@ __all__ = [
 summed_values = steps.summed_values
 
 
+def prepare() -> None:
+    """Nothing of torch's to change when tnt_keras is imported."""
+
+
 def _first_batch(ds: Any, drawn: bool = True) -> Any:
     """The first batch of ``ds``, for building a model from its shapes. A tf.data pipeline's is
     ``drawn`` from a pass of its own, as Keras-torch's ``fit`` and ``evaluate`` build an unbuilt

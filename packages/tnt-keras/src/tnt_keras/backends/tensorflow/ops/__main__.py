@@ -1,4 +1,4 @@
-"""``python -m tnt_keras.ops``: prints the path of the op library the ranks will load, building it
+"""``python -m tnt_keras.backends.tensorflow.ops``: prints the path of the op library the ranks will load, building it
 into the cache first unless the wheel brought one for this TensorFlow (built at install time).
 
 Run it once per host before a job (or in an image build) so the ranks do not compile at start-up.

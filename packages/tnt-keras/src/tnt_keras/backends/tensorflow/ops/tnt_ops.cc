@@ -18,7 +18,7 @@
 // single-copy allreduce. Gradient fusion so costs one
 // pass over the gradients instead of three (scale, concatenate, split into copies).
 //
-// Built by tnt_keras/ops/_build.py against the installed TensorFlow; see there for the flags.
+// Built by tnt_keras/backends/tensorflow/ops/_build.py against the installed TensorFlow; see there for the flags.
 #include <atomic>
 #include <cstdint>
 #include <mutex>
@@ -235,7 +235,7 @@ class AllreduceStartOp : public OpKernel {
     const tnt_comm_api_v3* api = g_api.load(std::memory_order_acquire);
     OP_REQUIRES(ctx, api != nullptr,
                 absl::FailedPreconditionError("tnt_comm's C API was not handed to the op library; "
-                                              "load it through tnt_keras.ops"));
+                                              "load it through tnt_keras.backends.tensorflow.ops"));
     const Tensor& input = ctx->input(0);
     Tensor* output = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, input.shape(), &output));
@@ -296,7 +296,7 @@ class FusedSumStartOp : public OpKernel {
     const tnt_comm_api_v3* api = g_api.load(std::memory_order_acquire);
     OP_REQUIRES(ctx, api != nullptr,
                 absl::FailedPreconditionError("tnt_comm's C API was not handed to the op library; "
-                                              "load it through tnt_keras.ops"));
+                                              "load it through tnt_keras.backends.tensorflow.ops"));
     tensorflow::OpInputList inputs;
     OP_REQUIRES_OK(ctx, ctx->input_list("inputs", &inputs));
     const Tensor& scale_tensor = ctx->input(inputs.size());

@@ -16,7 +16,7 @@ and ``finish_fused`` gives the sums back in the tensors' shapes: gradient fusion
 beyond the one into the collective's buffer.
 
 The op (``tnt_ops.cc``) is compiled against the installed TensorFlow on first import, into a cache
-shared by all processes of a host (``python -m tnt_keras.ops`` prebuilds it); the compiling process
+shared by all processes of a host (``python -m tnt_keras.backends.tensorflow.ops`` prebuilds it); the compiling process
 logs one warning before it starts and an INFO line with the time it took. Without a compiler, or
 if that fails, a warning is logged and a ``tf.numpy_function`` fallback does the same, blocking a
 thread per call. ``TNT_KERAS_OPS=numpy`` forces the fallback, ``TNT_KERAS_OPS=async-op`` makes a
