@@ -5,6 +5,8 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -19,6 +21,8 @@ namespace tnt {
 namespace {
 
 constexpr int kBlockedSpinUs = 1000;
+// How long a rank whose write to a peer failed waits for its receiver to learn why the peer left.
+constexpr double kPeerWordsWaitS = 2.0;
 // After this long without progress, full message windows are relieved (Channel::relieve): long
 // enough that a rank waiting on a slow peer in a large allreduce rarely copies anything, short
 // enough that operations of different groups waiting on each other's slots lose little time.
@@ -156,6 +160,14 @@ bool Engine::drive(Operation* target, Deadline deadline) {
         if (p == Operation::Progress::done) fabric_.complete_writes();
       } catch (const CollectiveMismatch& e) {
         fabric_.fail(FailureKind::mismatch, e.detail(), e.what(), true);
+        break;
+      } catch (const PeerFailure& e) {
+        // A write to a peer found its connection gone. The receiver thread names the cause within
+        // moments, in the peer's own words where it left some (its abort frame arrived before its
+        // connection closed): that is the failure to report, not our broken write.
+        const Deadline until = deadline_after(kPeerWordsWaitS);
+        while (!fabric_.failed() && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        fabric_.fail(FailureKind::peer, op->descriptor().detail({e.rank()}), e.what(), true);
         break;
       } catch (const std::exception& e) {
         fabric_.fail(FailureKind::other, op->descriptor().detail({}), std::string("rank ") + std::to_string(fabric_.rank()) +

@@ -141,7 +141,7 @@ void Fabric::set_up(const Identity& id, const Mesh& mesh, Exchange& exchange, De
       peer.link = gpi2_->link_to(r);
 #endif
     } else {
-      peer.link = std::make_unique<TcpLink>(peer.sock, peer.send_mutex);
+      peer.link = std::make_unique<TcpLink>(peer.rank, peer.sock, peer.send_mutex);
     }
   }
   // Once every local peer has mapped our segment, remove its name: a crash can leave no file. The

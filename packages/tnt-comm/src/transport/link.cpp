@@ -1,6 +1,9 @@
 #include "transport/link.hpp"
 
 #include <cstring>
+#include <string>
+
+#include "tnt_comm/types.hpp"
 
 namespace tnt {
 
@@ -30,7 +33,14 @@ void TcpLink::write_notify(std::size_t offset, const Piece* pieces, int count, s
   iov[0].iov_base = &header;
   iov[0].iov_len = sizeof header;
   std::lock_guard<std::mutex> lock(mutex_);
-  sock_.send_iov(iov, n);
+  try {
+    sock_.send_iov(iov, n);
+  } catch (const PeerFailure&) {
+    throw;
+  } catch (const Error& e) {
+    throw PeerFailure(peer_rank_, "rank " + std::to_string(peer_rank_) + " failed: its connection broke (" +
+                                      e.what() + "; the process died or was killed; see its own output for the cause)");
+  }
 }
 
 }  // namespace tnt

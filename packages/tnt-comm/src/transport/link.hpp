@@ -48,14 +48,16 @@ struct FrameHeader {
   std::uint64_t bytes;
 };
 
+// A send that fails (the peer's end is gone) throws PeerFailure naming the peer.
 class TcpLink final : public Link {
  public:
-  TcpLink(const Socket& sock, std::mutex& send_mutex) : sock_(sock), mutex_(send_mutex) {}
+  TcpLink(int peer, const Socket& sock, std::mutex& send_mutex) : peer_rank_(peer), sock_(sock), mutex_(send_mutex) {}
   void write_notify(std::size_t offset, const Piece* pieces, int count, std::uint32_t note,
                     std::uint64_t value) override;
   const char* kind() const override { return "tcp"; }
 
  private:
+  int peer_rank_;
   const Socket& sock_;
   std::mutex& mutex_;
 };
