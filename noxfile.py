@@ -105,7 +105,7 @@ class SharedEnv:
         "build": ["scikit-build-core>=0.10", "pybind11>=2.12", *build_tools(), "numpy"],
         "test": [*TEST_DEPS, "ml_dtypes"],
     }
-    REQUIRES = {"comm": ["build"], "keras": ["comm", "launch"]}
+    REQUIRES = {"comm": ["build"], "launch": ["comm"], "keras": ["comm", "launch"]}
     ahead: dict[str, list[subprocess.Popen[str]]] = {}  # see install_ahead: part -> its installs, until waited for
     ahead_started = False  # once per nox run
     ahead_ok: set[str] = set()  # the parts install_ahead installed
@@ -140,7 +140,7 @@ class SharedEnv:
     def install_ahead(self) -> None:
         """Starts installing in the background what later sessions of this run need, once the
         packages every session shares are in: tnt-keras' requirements (TensorFlow and the rest,
-        1-5 s of uv, 14 s of pip) with tnt-launch, and the example's scikit-learn (a folder of its
+        1-5 s of uv, 14 s of pip) with tnt-launch's, and the example's scikit-learn (a folder of its
         own). The tests and the build running meanwhile keep the other core busy. Every later pip
         into the environment waits for the first (one pip at a time there)."""
         if SharedEnv.ahead_started or not runs_later(self.session, "keras", "integration"):
@@ -148,7 +148,7 @@ class SharedEnv:
         SharedEnv.ahead_started = True
         requirements = keras_requirements()
         if requirements:
-            pip = self.installer("--no-compile", *self.excluded(), *requirements, str(LAUNCH))
+            pip = self.installer("--no-compile", *self.excluded(), *requirements)
             SharedEnv.ahead["keras requirements"] = [self.start(*pip)]
         if runs_later(self.session, "integration"):
             SharedEnv.ahead["example"] = [self.start(*self.installer(*EXAMPLE_PIP))]
@@ -197,7 +197,9 @@ class SharedEnv:
             self.pip("--force-reinstall", *comm_build(), str(COMM), exclusive=False)
         elif part == "launch":
             if not self.finish_ahead("keras requirements"):
-                self.pip(str(LAUNCH))
+                self.pip(*launch_requirements())
+            # --no-deps: its one tnt requirement, tnt-comm, is the one just built (no index has it).
+            self.pip("--no-deps", str(LAUNCH))
         elif part == "keras":
             if not self.finish_ahead("keras"):
                 # --no-compile: no bytecode for the thousands of TensorFlow modules never imported;
@@ -216,6 +218,9 @@ class SharedEnv:
             # without it each torch rank compiles torch, SymPy and Keras' torch backend from source
             # where PYTHONDONTWRITEBYTECODE is set, 11 s of CPU more per rank.
             self.run(*WRITE_BYTECODE, env=bytecode_env("torch"))
+        elif part == "jax":
+            self.pip("--no-compile", JAX)
+            self.run(*WRITE_BYTECODE, env=bytecode_env("jax"))
         elif part == "example":
             # scikit-learn (the example's data) goes to a folder of its own, put on PYTHONPATH only
             # where the example runs: Keras imports scikit-learn and SciPy at start when they are
@@ -322,6 +327,9 @@ def uv_beside_nox() -> str | None:
 UNUSED_REQUIREMENTS = ["libclang", "tensorboard-data-server"]
 # The torch the keras session tests tnt-keras' torch backend with (SharedEnv.need("torch")).
 TORCH = "torch==2.13.0"
+# The JAX the keras session tests tnt-keras' JAX backend with (SharedEnv.need("jax")): the CPU build,
+# the newest for Python 3.11.
+JAX = "jax[cpu]==0.10.2"
 
 
 def use_pip() -> bool:
@@ -360,8 +368,18 @@ def keras_requirements() -> list[str]:
         return []
     project = tomllib.loads((KERAS / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
-    wanted = [*project["dependencies"], *extras["cpu"], *extras["test"], "hatchling"]
+    wanted = [*project["dependencies"], *extras["cpu"], *extras["test"], "hatchling", *launch_requirements()]
     return [r for r in wanted if not r.startswith("tnt-")]
+
+
+def launch_requirements() -> list[str]:
+    """tnt-launch's third-party requirements, as its pyproject.toml names them."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        return ["psutil>=5.9", "rich>=13"]
+    project = tomllib.loads((LAUNCH / "pyproject.toml").read_text())["project"]
+    return [r for r in project["dependencies"] if not r.startswith("tnt-")]
 
 
 def op_compiler_cache() -> dict[str, str]:
@@ -509,7 +527,7 @@ def launch(session: nox.Session) -> None:
 @nox.session(venv_backend="none")
 def keras(session: nox.Session) -> None:
     """tnt-keras's tests: real ranks under tnt-launch against serial Keras, callbacks, saving, errors."""
-    env = SharedEnv(session, "keras", "torch", "test")
+    env = SharedEnv(session, "keras", "torch", "jax", "test")
     # By group (tests/conftest.py): a file's tests together (test_ops builds the op once per module),
     # and each backend's bundled jobs on one worker, where they run once (tests/launch.py: BUNDLES).
     # Bound by TensorFlow's CPU time in every rank, the ranks still leave a core idle at times: on 2
@@ -549,7 +567,7 @@ def integration(session: nox.Session) -> None:
 def perfetto(session: nox.Session) -> None:
     """The trace of `tnt-launch --timeline` opened in Perfetto's own UI, in headless Chromium (Debian:
     apt-get install chromium), on both backends. TNT_PERFETTO_SCREENSHOT=DIR keeps screenshots."""
-    env = SharedEnv(session, "keras", "torch", "test")
+    env = SharedEnv(session, "keras", "torch", "jax", "test")
     env.run(*env.installer("--no-deps", "--upgrade", "--target", str(PERFETTO_DEPS), *PERFETTO_PACKAGES))
     env.run(
         "pytest",

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import _ranks
 import _training_worker as worker
-from tnt_launch import contract
+from tnt_comm import contract
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent

@@ -24,6 +24,7 @@ GROUP_SECONDS = {
     "test_training.py": 133,
     "test_large_models.py": 115,
     "jobs-torch": 95,
+    "jobs-jax": 240,
     # Each backend's planted exceptions: 6 jobs of 3 ranks that cannot share their ranks.
     "test_planted_errors.py-torch": 120,
     "test_planted_errors.py-tensorflow": 90,
@@ -104,7 +105,7 @@ def tf() -> ModuleType:
     return tensorflow
 
 
-BACKENDS = ("tensorflow", "torch")
+BACKENDS = ("tensorflow", "torch", "jax")
 
 
 def skip_unless_installed(backend: str) -> None:
@@ -113,7 +114,9 @@ def skip_unless_installed(backend: str) -> None:
     import importlib.util
 
     if importlib.util.find_spec(backend) is None:
-        pytest.skip(f"{backend} is not installed (pip install torch==2.13.0, or nox's keras session)")
+        installs = {"torch": "pip install torch==2.13.0", "jax": "pip install 'jax[cpu]'"}
+        install = installs.get(backend, f"pip install {backend}")
+        pytest.skip(f"{backend} is not installed ({install}, or nox's keras session)")
 
 
 @pytest.fixture(params=BACKENDS)

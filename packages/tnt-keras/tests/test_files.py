@@ -22,8 +22,8 @@ KINDS = {"functional": "Functional", "sequential": "Sequential", "subclassed": "
 
 
 # The jobs each test reads: TensorFlow on 1 and 2 ranks, torch on 2 (whose job serves both tests).
-CASES = [(1, "tensorflow"), (2, "tensorflow"), (2, "torch")]
-LEGACY_CASES = [(1, "tensorflow"), (2, "torch")]
+CASES = [(1, "tensorflow"), (2, "tensorflow"), (2, "torch"), (2, "jax")]
+LEGACY_CASES = [(1, "tensorflow"), (2, "torch"), (2, "jax")]
 
 
 @functools.cache
@@ -76,7 +76,7 @@ def test_tnt_files_load_in_plain_keras_and_as_tnt_models(ranks: int, backend: st
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(("ranks", "backend"), LEGACY_CASES)
 def test_files_of_an_earlier_tnt_still_load(ranks: int, backend: str) -> None:
-    """Files an earlier tnt wrote (on TensorFlow) load on either backend."""
+    """Files an earlier tnt wrote (on TensorFlow) load on every backend."""
     r = files_job(ranks, backend).ranks[0]
     for kind, cls in (("functional", "Functional"), ("subclassed", "Subclassed")):
         k = r[f"legacy_{kind}"]

@@ -22,10 +22,11 @@ def test_predict(ranks: int) -> None:
 
 
 @pytest.mark.timeout(420)
-@pytest.mark.bundled("torch")
-def test_predict_on_torch() -> None:
-    skip_unless_installed("torch")
-    check_predict(run("predict_job", 2, timeout=400, backend="torch"), 2, "torch")
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+@pytest.mark.bundled
+def test_predict_on_other_backends(backend: str) -> None:
+    skip_unless_installed(backend)
+    check_predict(run("predict_job", 2, timeout=400, backend=backend), 2, backend)
 
 
 def check_predict(result: object, ranks: int, backend: str) -> None:

@@ -22,7 +22,7 @@ def summaries(text: str) -> int:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize(("ranks", "backend"), [(1, "tensorflow"), (2, "tensorflow"), (2, "torch")])
+@pytest.mark.parametrize(("ranks", "backend"), [(1, "tensorflow"), (2, "tensorflow"), (2, "torch"), (2, "jax")])
 def test_a_progbar_logger_of_ones_own_prints_each_epoch_once(ranks: int, backend: str) -> None:
     skip_unless_installed(backend)
     result = run("progbar_job", ranks, timeout=220, backend=backend)

@@ -54,12 +54,14 @@ def test_training_equals_serial(ranks: int) -> None:
 
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("ranks", [2, 3])
-@pytest.mark.bundled("torch")
-def test_training_on_torch_equals_serial(ranks: int) -> None:
-    """The same scenarios on Keras' torch backend, against serial Keras-torch: gradients summed by
-    autograd hooks as backward produces them, the inputs sliced before Keras sees them."""
-    skip_unless_installed("torch")
-    check_equal_training(run("train_equal", ranks, timeout=400, backend="torch"), ranks)
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+@pytest.mark.bundled
+def test_training_on_other_backends_equals_serial(ranks: int, backend: str) -> None:
+    """The same scenarios on Keras' torch and JAX backends, against serial Keras on the same
+    backend: on torch, gradients summed by autograd hooks as backward produces them; on JAX, by
+    ordered callbacks inside the compiled step; the inputs sliced before Keras sees them."""
+    skip_unless_installed(backend)
+    check_equal_training(run("train_equal", ranks, timeout=400, backend=backend), ranks)
 
 
 def check_equal_training(result: Result, ranks: int) -> None:

@@ -1,6 +1,6 @@
 """Writes bytecode (.pyc) for the framework, Keras and tnt modules the tests' ranks import.
 
-TensorFlow and torch are installed with pip's --no-compile, which leaves their thousands of
+TensorFlow, torch and JAX are installed with pip's --no-compile, which leaves their thousands of
 never-imported modules without bytecode. Where PYTHONDONTWRITEBYTECODE is set (as on our CI
 machines), Python then compiles their modules from source in every process: `import tensorflow`
 took 9.3 s of CPU instead of 4.1 s, and `import torch, keras` on the torch backend 16 s instead of
@@ -41,6 +41,16 @@ if BACKEND == "tensorflow":
     # cache up front, so that the first test does not pay for the compile.
     print("TensorFlow op:", _build.build())
     data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(8, seed=1).batch(4)
+elif BACKEND == "jax":  # a PyDataset, as the jobs give fit on backends without tf.data
+
+    class Batches(keras.utils.PyDataset):
+        def __len__(self) -> int:
+            return 2
+
+        def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+            return x[4 * i : 4 * i + 4], y[4 * i : 4 * i + 4]
+
+    data = Batches()
 else:  # torch: a DataLoader, as test_torch_inputs.py's jobs give fit
     import torch
     import torch.utils.data

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import subprocess
 import sys
 
 import pytest
@@ -189,3 +190,18 @@ def test_gpi2_transport_is_refused_where_tnt_comm_lacks_it(launcher: Launcher) -
     done = launcher.run(["-n", "1", "--transport", "gpi2", "--", "x.py"])
     assert done.returncode == 2
     assert "--transport gpi2: the tnt_comm installed here has no GPI-2 transport" in done.stderr
+
+
+def test_the_launcher_never_loads_tnt_comms_library() -> None:
+    """The environment contract lives in tnt-comm; tnt-launch reads that file by its path, so a login
+    node needs tnt-comm's files only, and the launcher's own process never loads its library."""
+    code = (
+        "import sys, tnt_launch.cli\n"
+        "from tnt_launch import agents, contract\n"
+        "assert contract.RANK == 'TNT_RANK' and contract.__file__.endswith('tnt_comm/contract.py'), contract.__file__\n"
+        "assert [name for name, _ in agents._module_sources()] == ['contract', 'jobs', '_agent']\n"
+        "print(sorted(n for n in sys.modules if n.startswith('tnt_comm')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout

@@ -151,6 +151,7 @@ def test_ranks_share_gpus() -> None:
     assert [s.env["CUDA_VISIBLE_DEVICES"] for s in plan.ranks] == ["0", "0"]
     assert [s.device for s in plan.ranks] == ["GPU 0", "GPU 0"]
     assert [s.env["TF_FORCE_GPU_ALLOW_GROWTH"] for s in plan.ranks] == ["true", "true"]
+    assert [s.env["XLA_PYTHON_CLIENT_PREALLOCATE"] for s in plan.ranks] == ["false", "false"]  # JAX's share
     assert plan.ranks[0].env["OMP_NUM_THREADS"] == "4"  # threads are shared by ranks, not GPUs
 
     # Local rank i gets GPU i // K; the last GPU may run fewer ranks.
@@ -267,6 +268,8 @@ CARRIED = {
     "MKL_NUM_THREADS": "3",
     "TF_FORCE_GPU_ALLOW_GROWTH": "true",
     "XLA_FLAGS": "--xla_gpu_autotune_level=0",
+    "JAX_PLATFORMS": "cpu",
+    "JAX_ENABLE_X64": "1",
 }
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _core, _trace
+from . import _core, _trace, contract
 from ._buffers import OP_CODES, as_array, dtype_code, op_code
 from ._errors import error_data, error_from_data, install_exit_hook
 
@@ -189,7 +189,7 @@ def _rank_without_starting() -> int:
     """This rank, from the runtime where it ran, else from the environment: never starts it."""
     if _identity_cache:
         return int(_identity_cache["rank"])
-    return int(os.environ.get("TNT_RANK") or os.environ.get("SLURM_PROCID") or 0)
+    return contract.rank_from_environment()
 
 
 _trace.start_from_environment()  # TNT_TIMELINE=FILE: record from the start

@@ -11,7 +11,7 @@ import sys
 from types import TracebackType
 from typing import Any
 
-from . import _core
+from . import _core, contract
 
 # The classes by the kind codes of c_api.h (enum tnt_comm_error_kind), and back.
 _BY_CODE: dict[int, type[Exception]] = {
@@ -55,7 +55,7 @@ def error_from_data(data: dict[str, Any], message: str | None = None) -> Excepti
     return error
 
 
-REPORT_FD = "TNT_REPORT_FD"
+REPORT_FD = contract.REPORT_FD
 """The environment variable through which a launcher (tnt-launch's agent) hands a rank the file
 descriptor where the rank reports the exception it ends with, as data: one JSON line
 ``{"event": "error", "error": error_data(e)}``. The launcher blames ranks from these reports."""

@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from . import _core
+from . import _core, contract
 
-VARIABLE = "TNT_TIMELINE"  # tnt-launch --timeline FILE: the trace's path, absolute
+VARIABLE = contract.TIMELINE  # tnt-launch --timeline FILE: the trace's path, absolute
 _ROUND_TRIPS = 8
 _SPANS_TID, _WAIT_TID, _COMM_TID = 1, 2, 3
 # "algorithm": how an allreduce ran ("direct", "host-aware", ...; "" where there is no choice);

@@ -23,9 +23,11 @@ from . import backends, callbacks, models, preemption, timeline  # noqa: E402
 from .model import Model  # noqa: E402
 from .preemption import preempted  # noqa: E402
 from .runtime import get_local_rank, get_master_rank, get_rank, get_size, is_master_rank  # noqa: E402
+from .sync_batch_norm import SyncBatchNormalization  # noqa: E402
 
 __all__ = [
     "Model",
+    "SyncBatchNormalization",
     "callbacks",
     "get_local_rank",
     "get_master_rank",

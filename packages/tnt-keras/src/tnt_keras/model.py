@@ -23,7 +23,19 @@ import keras
 import numpy as np
 import tnt_comm
 
-from . import backends, configs, files, metrics, outcome, predictions, preemption, runtime, state, timeline
+from . import (
+    backends,
+    configs,
+    files,
+    metrics,
+    outcome,
+    predictions,
+    preemption,
+    runtime,
+    state,
+    sync_batch_norm,
+    timeline,
+)
 from . import callbacks as tnt_callbacks
 from . import variables as shared_variables
 from .forwarding import FORWARDED_ATTRIBUTES, INTERCEPTED, NO_CLASS, Forwarded, awaiting, wrapped
@@ -273,6 +285,7 @@ class Model(keras.Model):
     def _install_hooks(self) -> None:
         self.compiled = True
         self._backend.install_hooks(self._model, state.of(self).size)
+        sync_batch_norm.synchronize_batch_norms(self._model, state.of(self).size)
         metrics.install_global_metrics(self._model, state.of(self).size)
 
     # -- training and inference -------------------------------------------------------------------
@@ -335,11 +348,15 @@ class Model(keras.Model):
         if global_batch is None:
             return
         micro = global_batch // state.of(self).size
-        has_bn = any(isinstance(layer, keras.layers.BatchNormalization) for layer in self._model._flatten_layers())
+        has_bn = any(
+            isinstance(layer, keras.layers.BatchNormalization) and not sync_batch_norm.is_synchronized(layer)
+            for layer in self._model._flatten_layers()
+        )
         if has_bn and micro < _BN_WARN_BELOW:
             logger.warning(
                 "BatchNormalization normalises over each rank's micro-batch of %d samples (global batch %d over "
-                "%d ranks); statistics over fewer than %d samples are noisy. Use a larger global batch.",
+                "%d ranks); statistics over fewer than %d samples are noisy. Use a larger global batch, or "
+                "tnt.SyncBatchNormalization, which normalises over the whole global batch as serial training does.",
                 micro,
                 global_batch,
                 state.of(self).size,
@@ -502,7 +519,7 @@ class Model(keras.Model):
         if steps_per_execution != 1:  # one call per global batch keeps the reassembly simple
             inner.steps_per_execution, inner.predict_function = 1, None
         inner.make_predict_function()  # returns nothing when it makes a new one
-        counter = predictions.RowCounter(inner.predict_function)
+        counter = predictions.RowCounter(inner.predict_function, self._backend.predicted_outputs)
         inner.predict_function = counter
         try:
             with self._backend.explain_errors("predict"):

@@ -22,15 +22,15 @@ class RowCounter:
     would count as one more callback with a batch hook in Keras' check for asynchronous dispatch.
     """
 
-    def __init__(self, function: Callable[[Any], Any]) -> None:
-        self.function = function
+    def __init__(self, function: Callable[..., Any], outputs_of: Callable[[Any], Any]) -> None:
+        self.function, self.outputs_of = function, outputs_of
         self.rows: list[int] = []
 
-    def __call__(self, data: Any) -> Any:
-        outputs = self.function(data)
-        leaves = [t for t in keras.tree.flatten(outputs) if t is not None]
+    def __call__(self, *args: Any) -> Any:
+        returned = self.function(*args)
+        leaves = [t for t in keras.tree.flatten(self.outputs_of(returned)) if t is not None]
         self.rows.append(int(leaves[0].shape[0]) if leaves else 0)
-        return outputs
+        return returned
 
 
 def sync_variables(model: keras.Model) -> None:

@@ -10,7 +10,7 @@ import logging
 import os
 
 import tnt_comm
-from tnt_launch import contract
+from tnt_comm import contract
 
 MASTER_RANK = 0
 

@@ -25,7 +25,7 @@ class ModelState:
     global_metrics: bool = False
     """Its metrics sum their state over ranks (metrics.install_global_metrics)."""
     step_state: Any = None
-    """The TensorFlow backend's state of its train step (backends/tensorflow/gradients.py)."""
+    """The TensorFlow or JAX backend's state of its train step (backends/*/gradients.py)."""
     gradient_sum: Any = None
     """The torch backend's gradient sum of it (backends/torch/gradients.py)."""
 

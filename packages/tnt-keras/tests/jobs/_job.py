@@ -171,6 +171,33 @@ class CustomStep(keras.Model):
                 metric.update_state(y, y_pred)
         return {m.name: m.result() for m in self.metrics}
 
+    def _jax_train_step(self, state: Any, data: Any) -> Any:
+        """The same step as Keras-JAX's guide writes it: a pure function of the state."""
+        import jax
+
+        trainable, non_trainable, optimizer_variables, metrics_variables = state
+        x, y = data
+
+        def loss_of(trainable: Any, non_trainable: Any) -> Any:
+            y_pred, non_trainable = self.stateless_call(trainable, non_trainable, x)
+            return self.compute_loss(x=x, y=y, y_pred=y_pred), (y_pred, non_trainable)
+
+        (loss, (y_pred, non_trainable)), grads = jax.value_and_grad(loss_of, has_aux=True)(trainable, non_trainable)
+        trainable, optimizer_variables = self.optimizer.stateless_apply(optimizer_variables, grads, trainable)
+        updated, logs = [], {}
+        for metric in self.metrics:
+            mine = metrics_variables[len(updated) : len(updated) + len(metric.variables)]
+            if metric.name == "loss":
+                mine = metric.stateless_update_state(mine, loss, sample_weight=keras.ops.shape(x)[0])
+            else:
+                mine = metric.stateless_update_state(mine, y, y_pred)
+            logs[metric.name] = metric.stateless_result(mine)
+            updated += mine
+        return logs, (trainable, non_trainable, optimizer_variables, updated)
+
+    if BACKEND == "jax":
+        train_step = _jax_train_step  # type: ignore[assignment]
+
 
 TOKENS = 20
 

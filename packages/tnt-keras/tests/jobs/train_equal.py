@@ -5,7 +5,9 @@ import keras
 import numpy as np
 import tnt_comm
 import tnt_keras as tnt
-from _job import CLASSES, FEATURES, arrays, batches, build, compile_args, dataset, flat, report, shared_references
+from _job import (
+    BACKEND, CLASSES, FEATURES, arrays, batches, build, compile_args, dataset, flat, report, shared_references,
+)
 
 
 def worst(a: dict | list, b: dict | list) -> float:
@@ -109,6 +111,8 @@ class Moving(keras.callbacks.Callback):
         self.watched, self.seen = model, []
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if BACKEND == "jax":  # Keras-JAX's fit holds the variables' values apart until asked for them
+            self.watched.jax_state_sync()
         self.seen.append(moving(self.watched))
 
 

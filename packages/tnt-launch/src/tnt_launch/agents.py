@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tnt_launch import _agent
+from tnt_launch import _agent, contract, jobs
 from tnt_launch.config import LaunchError
 from tnt_launch.hosts import Host
 
@@ -59,8 +59,9 @@ class SshSettings:
 
 
 def _module_sources() -> list[list[str]]:
-    here = Path(__file__).resolve().parent
-    return [[name, (here / f"{name}.py").read_text(encoding="utf-8")] for name in _AGENT_MODULES]
+    # Each module's own file: the contract's is tnt-comm's (contract.py loads it from there).
+    modules = {"contract": contract, "jobs": jobs, "_agent": _agent}
+    return [[name, Path(str(modules[name].__file__)).read_text(encoding="utf-8")] for name in _AGENT_MODULES]
 
 
 def request_line(request: dict[str, Any]) -> bytes:

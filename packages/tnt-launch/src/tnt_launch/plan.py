@@ -28,9 +28,9 @@ MKL_NUM_THREADS unset so that MKL and PyTorch take the user's OMP_NUM_THREADS, a
 without tnt-launch."""
 
 # Ranks that share a GPU (--ranks-per-gpu K > 1): TensorFlow takes nearly all of a GPU's memory at
-# start, so the second rank would find none; with this set it takes memory as it needs it.
-# PyTorch's caching allocator grows on demand already.
-GPU_SHARING_VARIABLES = {"TF_FORCE_GPU_ALLOW_GROWTH": "true"}
+# start, and JAX 75% of it, so the second rank would find none; with these set they take memory as
+# they need it. PyTorch's caching allocator grows on demand already.
+GPU_SHARING_VARIABLES = {"TF_FORCE_GPU_ALLOW_GROWTH": "true", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
 
 # TensorFlow's C++ start-up lines (cpu_feature_guard, absl) on every rank: hidden unless the user
 # sets the variable, and shown again with --log-level DEBUG.
@@ -62,7 +62,8 @@ CARRIED_PREFIXES = (
     "OMP_",
     "KMP_",
     "MKL_",
-    "XLA_",
+    "XLA_",  # XLA_FLAGS, XLA_PYTHON_CLIENT_PREALLOCATE, ...
+    "JAX_",  # JAX_PLATFORMS, JAX_ENABLE_X64, ...
     "CUDA_",
     "CUBLAS_",
     "CUDNN_",

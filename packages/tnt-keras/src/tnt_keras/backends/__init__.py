@@ -22,7 +22,7 @@ import tnt_comm
 
 from .. import state
 
-_MODULES = {"tensorflow": "tensorflow", "torch": "torch"}
+_MODULES = {"jax": "jax", "tensorflow": "tensorflow", "torch": "torch"}
 
 
 class Backend(Protocol):
@@ -61,8 +61,18 @@ class Backend(Protocol):
         """The gradient sum and the empty-slice guard (idempotent)."""
         ...
 
+    def predicted_outputs(self, returned: Any) -> Any:
+        """The outputs of one batch in what Keras' predict function ``returned`` (Keras-JAX's also
+        returns its state)."""
+        ...
+
     def summed_values(self, variables: list[Any]) -> list[Any]:
         """The values of metric states summed over ranks (``metrics.py``)."""
+        ...
+
+    def synced_sum(self, x: Any) -> Any:
+        """``x`` summed over ranks inside a step, differentiably: the gradient reaching this rank's
+        ``x`` is the global batch's, weighted for the gradient sum (``sync_batch_norm.py``)."""
         ...
 
     def explain_errors(self, what: str) -> AbstractContextManager[None]:

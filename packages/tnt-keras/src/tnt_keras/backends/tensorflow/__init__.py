@@ -18,6 +18,8 @@ from . import gradients, inputs, steps
 # Where tnt-keras' TensorFlow op puts tnt-comm's error, as data (ops/tnt_ops.cc: kErrorPayload).
 _ERROR_PAYLOAD = "tnt_comm.error"
 
+synced_sum = gradients.synced_sum
+
 
 def prepare() -> None:
     """``Dataset.shuffle`` without a seed takes the seed every rank shares (inputs.py)."""
@@ -119,3 +121,8 @@ def summed_values(variables: list[Any]) -> list[Any]:
     for i, value in enumerate(values):
         by_dtype.setdefault(value.dtype, []).append(i)
     return gradients.sum_buckets(values, list(by_dtype.values()))
+
+
+def predicted_outputs(returned: Any) -> Any:
+    """Keras' predict function returns the outputs alone."""
+    return returned

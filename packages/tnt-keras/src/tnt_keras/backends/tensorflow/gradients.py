@@ -43,6 +43,30 @@ class StepState(threading.local):
         return self.value
 
 
+_active: list[StepState] = []  # the train steps being traced
+
+
+def synced_sum(x: Any) -> tf.Tensor:
+    """``x`` summed over ranks, differentiably: backward, the cotangents are summed weighted by each
+    rank's share of the global batch and divided by this rank's (the gradient sum multiplies it back),
+    so the gradient through the sum is the global batch's (``sync_batch_norm.py``). A rank with an
+    empty slice adds nothing (its cotangent may be NaN) and gets zeros."""
+
+    @tf.custom_gradient
+    def summed(x: tf.Tensor) -> Any:
+        def backward(cotangent: tf.Tensor) -> tf.Tensor:
+            fraction = _active[-1].fraction() if _active else None
+            if fraction is None:  # outside a train step: equal shares
+                return ops.allreduce(cotangent)
+            fraction = tf.cast(fraction, cotangent.dtype)
+            weighted = tf.where(fraction > 0, cotangent * fraction, tf.zeros_like(cotangent))
+            return tf.math.divide_no_nan(ops.allreduce(weighted), fraction)
+
+        return ops.allreduce(x), backward
+
+    return summed(tf.convert_to_tensor(x))
+
+
 def plan_buckets(grads: Sequence[Any], threshold: int) -> list[list[int]]:
     """Groups gradient indices into buckets, last gradients first (backprop makes them first), each
     of one dtype and at least ``threshold`` bytes (the last one may be smaller); 0 puts every
@@ -165,6 +189,7 @@ def install_gradient_sum(model: keras.Model, size: int) -> None:
             leaves = [t for t in tf.nest.flatten(data) if t is not None]
             state.local = tf.cast(tf.reshape(tf.shape(leaves[0])[0], [1]), tf.float32)
             state.pending, state.value = ops.start_allreduce(state.local), None
+            _active.append(state)
             try:
                 logs = original_train_step(data)
                 if state.pending is not None:  # no optimizer step ran: a started collective must still finish
@@ -172,6 +197,7 @@ def install_gradient_sum(model: keras.Model, size: int) -> None:
                         logs = tf.nest.map_structure(tf.identity, logs)
                 return logs
             finally:
+                _active.pop()
                 state.local = state.pending = state.value = None
 
         model.train_step = train_step

@@ -28,6 +28,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from ...sync_batch_norm import synced_variables
 from ...variables import unique_variables
 from .. import guard_steps
 
@@ -76,10 +77,12 @@ def _guarded(model: keras.Model, step: Callable[[Any], Any]) -> Callable[[Any], 
             outputs = step(data)
         finally:
             _step.empty, _step.before = outer
-        if variables:
+        # A synchronized BatchNormalization's moving statistics keep the global batch's update.
+        kept = [(v, b) for v, b in zip(variables, before, strict=True) if v not in synced_variables]
+        if kept:
             # Ordered after the step's own updates of these variables: TensorFlow runs stateful ops
             # on one variable in program order.
-            tf.cond(empty, lambda: _restore(variables, before), tf.no_op)
+            tf.cond(empty, lambda: _restore(*zip(*kept, strict=True)), tf.no_op)
         return outputs
 
     return guarded

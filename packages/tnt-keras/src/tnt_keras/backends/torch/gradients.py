@@ -286,6 +286,39 @@ class Plan:
             self.buckets.reset()
 
 
+_active: list[StepState] = []  # the train steps running (not thread-local: see StepState)
+
+
+def _sum_on_host(tensor: torch.Tensor) -> torch.Tensor:
+    host = tensor.detach().to("cpu").contiguous()
+    return torch.from_numpy(tnt_comm.allreduce(numpy_view(host).copy())).to(tensor.device)
+
+
+class _SyncedSum(torch.autograd.Function):
+    """``synced_sum``: an allreduce forward, and backward the cotangents summed weighted by each
+    rank's share of the global batch and divided by this rank's (the gradient sum multiplies it back):
+    the gradient through the sum is the global batch's (``sync_batch_norm.py``)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:  # noqa: ARG004
+        return _sum_on_host(x)
+
+    @staticmethod
+    def backward(ctx: Any, cotangent: torch.Tensor) -> torch.Tensor:  # noqa: ARG004
+        fraction = _active[-1].fraction() if _active else None
+        if fraction is None:  # outside a train step: equal shares
+            return _sum_on_host(cotangent)
+        if fraction == 0.0:  # an empty slice adds nothing (its cotangent may be NaN) and needs nothing
+            _sum_on_host(torch.zeros_like(cotangent))
+            return torch.zeros_like(cotangent)
+        return _sum_on_host(cotangent * fraction) / fraction
+
+
+def synced_sum(x: torch.Tensor) -> torch.Tensor:
+    """``x`` summed over ranks, differentiably (``_SyncedSum``)."""
+    return _SyncedSum.apply(x)
+
+
 class GradientSum:
     """The hooks of one model: its train step, its optimizers' ``apply`` and its parameters."""
 
@@ -301,6 +334,7 @@ class GradientSum:
         def train_step(data: Any) -> Any:
             leaves = [t for t in keras.tree.flatten(data) if t is not None]
             self.state.begin(int(leaves[0].shape[0]) if leaves else 0)
+            _active.append(self.state)
             try:
                 logs = original_train_step(data)
             except BaseException:
@@ -309,6 +343,8 @@ class GradientSum:
                 for plan in self.plans.values():
                     plan.abandon()
                 raise
+            finally:
+                _active.pop()
             self.state.end()
             for plan in self.plans.values():
                 plan.drain()

@@ -1,119 +1,28 @@
-"""Each rank's slice of every global batch, for the inputs Keras' torch backend takes.
-
-- numpy arrays (and lists, tuples and dicts of them): a ``PyDataset`` that indexes only this rank's
-  rows of each global batch, in an order shuffled alike on every rank (seeded per epoch);
-- a ``keras.utils.PyDataset`` yielding global batches: each batch is loaded and this rank's rows kept
-  (a ``PyDataset`` hands out whole batches, so it cannot load fewer);
-- a ``torch.utils.data.DataLoader`` with a batch size: the same loader over this rank's indices of
-  every global batch (a batch sampler of our own), so each rank loads only its rows;
-- a ``tf.data.Dataset``, where TensorFlow is installed: sliced as on the TensorFlow backend.
+"""Each rank's slice of every global batch, for the inputs Keras' torch backend takes: those in host
+memory as on every such backend (``backends/host_inputs.py``: numpy arrays, PyDatasets, tf.data),
+torch tensors among the arrays, and a ``torch.utils.data.DataLoader`` with a batch size: the same
+loader over this rank's indices of every global batch (a batch sampler of our own), so each rank
+loads only its rows.
 
 The rule (``slicing.py``) is the TensorFlow backend's: rank r takes rows ``[start_r, start_r + b_r)``.
 """
 
 from __future__ import annotations
 
-import math
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 import keras
-import numpy as np
 import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
 from ...runtime import logger
-from ...slicing import DEFAULT_SHUFFLE_SEED, rank_rows, too_small
-
-
-def _is_tf_dataset(x: Any) -> bool:
-    tf = sys.modules.get("tensorflow")  # a tf.data pipeline exists only where TensorFlow was imported
-    return tf is not None and isinstance(x, tf.data.Dataset)
+from ...slicing import DEFAULT_SHUFFLE_SEED, rank_rows
+from .. import host_inputs
 
 
 def is_dataset(x: Any) -> bool:
-    return isinstance(x, (keras.utils.PyDataset, DataLoader)) or _is_tf_dataset(x)
-
-
-def is_array_like(x: Any) -> bool:
-    return isinstance(x, (np.ndarray, torch.Tensor, list, tuple, dict))
-
-
-def _rows(data: Any) -> int:
-    return len(next(a for a in keras.tree.flatten(data) if a is not None))
-
-
-def _take(data: Any, index: np.ndarray) -> Any:
-    return keras.tree.map_structure(lambda a: None if a is None else a[index], data)
-
-
-class ArraySlices(keras.utils.PyDataset):
-    """This rank's rows of every global batch of in-memory arrays."""
-
-    def __init__(self, data: Any, batch_size: int, rank: int, size: int, shuffle: bool) -> None:
-        super().__init__()
-        self.data = keras.tree.map_structure(
-            lambda a: a if a is None or isinstance(a, torch.Tensor) else np.asarray(a), data
-        )
-        self.batch_size, self.rank, self.size, self.shuffle = batch_size, rank, size, shuffle
-        self.rows = _rows(self.data)
-        self.epoch = 0
-        self.order = self._order()
-
-    def _order(self) -> np.ndarray | None:
-        if not self.shuffle:
-            return None
-        return np.random.default_rng([DEFAULT_SHUFFLE_SEED, self.epoch]).permutation(self.rows)
-
-    def __len__(self) -> int:
-        return math.ceil(self.rows / self.batch_size)
-
-    def __getitem__(self, i: int) -> Any:
-        begin = i * self.batch_size
-        batch = min(self.batch_size, self.rows - begin)
-        start, count = rank_rows(batch, self.rank, self.size)
-        index = np.arange(begin + start, begin + start + count)
-        if self.order is not None:
-            index = self.order[index]
-        return _take(self.data, index)
-
-    def on_epoch_end(self) -> None:
-        self.epoch += 1
-        self.order = self._order()
-
-
-class DatasetSlices(keras.utils.PyDataset):
-    """This rank's rows of every global batch a user's ``PyDataset`` yields."""
-
-    def __init__(self, dataset: keras.utils.PyDataset, rank: int, size: int, shuffle: bool) -> None:
-        super().__init__()
-        self.dataset, self.rank, self.size, self.shuffle = dataset, rank, size, shuffle
-        self.epoch = 0
-        self.order = self._order()
-
-    def _order(self) -> np.ndarray | None:
-        """The order of the batches in this epoch: shuffled alike on every rank where fit shuffles (as
-        Keras shuffles the batches of a ``PyDataset``), else the dataset's own."""
-        if not self.shuffle:
-            return None
-        return np.random.default_rng([DEFAULT_SHUFFLE_SEED, self.epoch]).permutation(len(self.dataset))
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, i: int) -> Any:
-        batch = self.dataset[int(self.order[i]) if self.order is not None else i]
-        rows = _rows(batch)
-        if i == 0 and rows < self.size:
-            raise ValueError(too_small(rows, self.size))
-        start, count = rank_rows(rows, self.rank, self.size)
-        return keras.tree.map_structure(lambda a: a[start : start + count], batch)
-
-    def on_epoch_end(self) -> None:
-        self.dataset.on_epoch_end()
-        self.epoch += 1
-        self.order = self._order()
+    return isinstance(x, (keras.utils.PyDataset, DataLoader)) or host_inputs.is_tf_dataset(x)
 
 
 class RankBatchSampler(torch.utils.data.Sampler[list[tuple[Any, bool]]]):
@@ -209,48 +118,9 @@ def distribute(
     micro_batch_size: int | None,
     what: str,
 ) -> Any:
-    if _is_tf_dataset(x):
-        from ..tensorflow import distribute as tf_distribute
-
-        return tf_distribute(
-            x,
-            y,
-            sample_weight,
-            batch_size,
-            rank=rank,
-            size=size,
-            shuffle=shuffle,
-            distribute=distribute,
-            micro_batch_size=micro_batch_size,
-            what=what,
-        )
-    if micro_batch_size is not None and micro_batch_size <= 0:
-        raise ValueError(f"tnt: tnt_micro_batch_size must be positive, got {micro_batch_size}")
-    if is_dataset(x):
-        if batch_size is not None or micro_batch_size is not None:
-            raise ValueError(
-                f"tnt: a batch size was given together with a {type(x).__name__}, which is batched already. Batch "
-                "it with the GLOBAL batch size and leave batch_size and tnt_micro_batch_size unset."
-            )
-        if y is not None or sample_weight is not None:
-            raise ValueError(f"tnt: with a {type(x).__name__}, y and sample_weight come from the dataset")
-        if not distribute or size == 1:
-            return x
-        if isinstance(x, DataLoader):
-            return _loader_slices(x, rank, size)
-        return DatasetSlices(x, rank, size, shuffle)
-    if not is_array_like(x):
-        raise TypeError(
-            f"tnt: {what} takes numpy arrays with batch_size, a keras.utils.PyDataset or a torch DataLoader "
-            f"batched with the global batch size; got {type(x).__name__}."
-        )
-    if micro_batch_size is not None:
-        batch_size = micro_batch_size * size
-    batch_size = batch_size or 32
-    data = (x, y, sample_weight) if sample_weight is not None else (x, y) if y is not None else (x,)
-    if not distribute:
-        logger.info("the %s is not distributed: every rank reads all of it as its local batches", what)
-        return ArraySlices(data, batch_size, 0, 1, shuffle)
-    if batch_size < size and _rows(data) >= size:
-        raise ValueError(too_small(batch_size, size))
-    return ArraySlices(data, batch_size, rank, size, shuffle)
+    return host_inputs.distribute(
+        x, y, sample_weight, batch_size, rank=rank, size=size, shuffle=shuffle, distribute=distribute,
+        micro_batch_size=micro_batch_size, what=what, native_datasets=(DataLoader,), native_slices=_loader_slices,
+        native_arrays=(torch.Tensor,),
+        accepted="numpy arrays with batch_size, a keras.utils.PyDataset or a torch DataLoader",
+    )

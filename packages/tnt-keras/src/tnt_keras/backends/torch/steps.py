@@ -20,6 +20,7 @@ import numpy as np
 import tnt_comm
 import torch
 
+from ...sync_batch_norm import synced_variables
 from ...variables import unique_variables
 from .. import guard_steps
 
@@ -89,6 +90,7 @@ def _guarded(model: keras.Model, step: Callable[[Any], Any]) -> Callable[[Any], 
             del model.compute_loss
             _step.before = outer
             for v in variables:
-                v.assign(before[id(v)])
+                if v not in synced_variables:  # a synchronized BatchNormalization keeps the global update
+                    v.assign(before[id(v)])
 
     return guarded

@@ -1,0 +1,200 @@
+"""Each rank's slice of every global batch, for inputs held in host memory, on the backends whose
+Keras trainer iterates Python batches (torch, JAX):
+
+- numpy arrays (and lists, tuples and dicts of them): a ``PyDataset`` that indexes only this rank's
+  rows of each global batch, in an order shuffled alike on every rank (seeded per epoch);
+- a ``keras.utils.PyDataset`` yielding global batches: each batch is loaded and this rank's rows kept
+  (a ``PyDataset`` hands out whole batches, so it cannot load fewer);
+- a ``tf.data.Dataset``, where TensorFlow is installed: sliced as on the TensorFlow backend.
+
+A backend adds its own kinds (torch: ``DataLoader``) through ``distribute``'s ``native`` arguments. A model
+not built yet is built from the first batch's shapes (``build``, ``build_for_predict``).
+The rule (``slicing.py``) is the same on every backend: rank r takes rows ``[start_r, start_r + b_r)``.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import numpy as np
+
+from ..runtime import logger
+from ..slicing import DEFAULT_SHUFFLE_SEED, rank_rows, too_small
+
+
+def is_tf_dataset(x: Any) -> bool:
+    tf = sys.modules.get("tensorflow")  # a tf.data pipeline exists only where TensorFlow was imported
+    return tf is not None and isinstance(x, tf.data.Dataset)
+
+
+def rows(data: Any) -> int:
+    return len(next(a for a in keras.tree.flatten(data) if a is not None))
+
+
+def _take(data: Any, index: np.ndarray) -> Any:
+    return keras.tree.map_structure(lambda a: None if a is None else a[index], data)
+
+
+class ArraySlices(keras.utils.PyDataset):
+    """This rank's rows of every global batch of in-memory arrays (those of ``native`` types stay
+    as they are, the rest become numpy arrays)."""
+
+    def __init__(
+        self, data: Any, batch_size: int, rank: int, size: int, shuffle: bool, native: tuple[type, ...] = ()
+    ) -> None:
+        super().__init__()
+        self.data = keras.tree.map_structure(lambda a: a if a is None or isinstance(a, native) else np.asarray(a), data)
+        self.batch_size, self.rank, self.size, self.shuffle = batch_size, rank, size, shuffle
+        self.rows = rows(self.data)
+        self.epoch = 0
+        self.order = self._order()
+
+    def _order(self) -> np.ndarray | None:
+        if not self.shuffle:
+            return None
+        return np.random.default_rng([DEFAULT_SHUFFLE_SEED, self.epoch]).permutation(self.rows)
+
+    def __len__(self) -> int:
+        return math.ceil(self.rows / self.batch_size)
+
+    def __getitem__(self, i: int) -> Any:
+        begin = i * self.batch_size
+        batch = min(self.batch_size, self.rows - begin)
+        start, count = rank_rows(batch, self.rank, self.size)
+        index = np.arange(begin + start, begin + start + count)
+        if self.order is not None:
+            index = self.order[index]
+        return _take(self.data, index)
+
+    def on_epoch_end(self) -> None:
+        self.epoch += 1
+        self.order = self._order()
+
+
+class DatasetSlices(keras.utils.PyDataset):
+    """This rank's rows of every global batch a user's ``PyDataset`` yields."""
+
+    def __init__(self, dataset: keras.utils.PyDataset, rank: int, size: int, shuffle: bool) -> None:
+        super().__init__()
+        self.dataset, self.rank, self.size, self.shuffle = dataset, rank, size, shuffle
+        self.epoch = 0
+        self.order = self._order()
+
+    def _order(self) -> np.ndarray | None:
+        """The order of the batches in this epoch: shuffled alike on every rank where fit shuffles (as
+        Keras shuffles the batches of a ``PyDataset``), else the dataset's own."""
+        if not self.shuffle:
+            return None
+        return np.random.default_rng([DEFAULT_SHUFFLE_SEED, self.epoch]).permutation(len(self.dataset))
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: int) -> Any:
+        batch = self.dataset[int(self.order[i]) if self.order is not None else i]
+        found = rows(batch)
+        if i == 0 and found < self.size:
+            raise ValueError(too_small(found, self.size))
+        start, count = rank_rows(found, self.rank, self.size)
+        return keras.tree.map_structure(lambda a: a[start : start + count], batch)
+
+    def on_epoch_end(self) -> None:
+        self.dataset.on_epoch_end()
+        self.epoch += 1
+        self.order = self._order()
+
+
+def first_batch(ds: Any, drawn: bool = True) -> Any:
+    """The first batch of ``ds``, for building a model from its shapes. A tf.data pipeline's is
+    ``drawn`` from a pass of its own, as Keras-torch's and Keras-JAX's ``fit`` and ``evaluate``
+    build an unbuilt model (TensorFlow's read the element_spec instead): a pipeline that reshuffles
+    each pass then trains its first epoch on its second order under tnt as in serial Keras. Its predict
+    builds on the first batch it predicts: no pass of its own, the element_spec."""
+    if isinstance(ds, keras.utils.PyDataset):
+        return ds[0]
+    if hasattr(ds, "element_spec"):  # tf.data
+        return keras.tree.map_structure(np.asarray, next(iter(ds))) if drawn else ds.element_spec
+    return next(iter(ds))
+
+
+def build(model: keras.Model, ds: Any) -> None:
+    model._symbolic_build(data_batch=first_batch(ds))
+
+
+def build_for_predict(model: keras.Model, ds: Any) -> None:
+    """Creates the variables of a model that is not built yet from the first batch's shapes, without
+    compiling or building an optimizer."""
+    if all(layer.built for layer in model._flatten_layers()):
+        return
+    from keras.src import backend as keras_backend
+
+    x, _, _ = keras.utils.unpack_x_y_sample_weight(first_batch(ds, drawn=False))
+    symbolic = keras.tree.map_structure(
+        lambda a: None if a is None else keras.KerasTensor(a.shape, keras.backend.standardize_dtype(a.dtype)), x
+    )
+    keras_backend.compute_output_spec(model, symbolic, training=False)
+
+
+def global_batch_size(ds: Any) -> int | None:
+    """The global batch size where the input states it (arrays with batch_size), else None."""
+    return ds.batch_size if isinstance(ds, ArraySlices) else None
+
+
+def distribute(
+    x: Any,
+    y: Any,
+    sample_weight: Any,
+    batch_size: int | None,
+    *,
+    rank: int,
+    size: int,
+    shuffle: bool,
+    distribute: bool,
+    micro_batch_size: int | None,
+    what: str,
+    native_datasets: tuple[type, ...] = (),
+    native_slices: Callable[[Any, int, int], Any] | None = None,
+    native_arrays: tuple[type, ...] = (),
+    accepted: str = "numpy arrays with batch_size or a keras.utils.PyDataset",
+) -> Any:
+    """This rank's input: a ``tf.data`` pipeline goes to the TensorFlow backend's slicing; a dataset
+    of ``native_datasets`` types to ``native_slices(x, rank, size)``; a ``PyDataset`` and arrays
+    (those of ``native_arrays`` types kept as they are) are sliced here."""
+    if is_tf_dataset(x):
+        from .tensorflow import distribute as tf_distribute
+
+        return tf_distribute(
+            x, y, sample_weight, batch_size, rank=rank, size=size, shuffle=shuffle, distribute=distribute,
+            micro_batch_size=micro_batch_size, what=what,
+        )
+    if micro_batch_size is not None and micro_batch_size <= 0:
+        raise ValueError(f"tnt: tnt_micro_batch_size must be positive, got {micro_batch_size}")
+    if isinstance(x, (keras.utils.PyDataset, *native_datasets)):
+        if batch_size is not None or micro_batch_size is not None:
+            raise ValueError(
+                f"tnt: a batch size was given together with a {type(x).__name__}, which is batched already. Batch "
+                "it with the GLOBAL batch size and leave batch_size and tnt_micro_batch_size unset."
+            )
+        if y is not None or sample_weight is not None:
+            raise ValueError(f"tnt: with a {type(x).__name__}, y and sample_weight come from the dataset")
+        if not distribute or size == 1:
+            return x
+        if native_slices is not None and isinstance(x, native_datasets):
+            return native_slices(x, rank, size)
+        return DatasetSlices(x, rank, size, shuffle)
+    if not isinstance(x, (np.ndarray, list, tuple, dict, *native_arrays)):
+        raise TypeError(f"tnt: {what} takes {accepted} batched with the global batch size; got {type(x).__name__}.")
+    if micro_batch_size is not None:
+        batch_size = micro_batch_size * size
+    batch_size = batch_size or 32
+    data = (x, y, sample_weight) if sample_weight is not None else (x, y) if y is not None else (x,)
+    if not distribute:
+        logger.info("the %s is not distributed: every rank reads all of it as its local batches", what)
+        return ArraySlices(data, batch_size, 0, 1, shuffle, native_arrays)
+    if batch_size < size and rows(data) >= size:
+        raise ValueError(too_small(batch_size, size))
+    return ArraySlices(data, batch_size, rank, size, shuffle, native_arrays)

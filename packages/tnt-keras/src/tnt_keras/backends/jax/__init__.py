@@ -1,0 +1,91 @@
+"""The JAX backend: Keras-JAX compiles every train and test step, so tnt's collectives are ordered
+callbacks into tnt-comm inside that program (``collectives.py``). Gradients are summed before the
+optimizer applies them (``gradients.py``), inputs held in host memory are sliced per rank before
+Keras sees them (``host_inputs.py``, shared with torch), and a step on an empty slice hands its state
+back untouched (``steps.py``). Neither TensorFlow nor torch is imported."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import keras
+import tnt_comm
+
+from .. import explain_python_errors, host_inputs, reraised
+from . import collectives, gradients, steps
+
+__all__ = [
+    "build",
+    "build_for_predict",
+    "distribute",
+    "explain_errors",
+    "global_batch_size",
+    "install_hooks",
+    "is_dataset",
+    "predicted_outputs",
+    "summed_values",
+    "synced_sum",
+]
+
+summed_values = steps.summed_values
+synced_sum = collectives.synced_sum
+global_batch_size = host_inputs.global_batch_size
+build = host_inputs.build
+build_for_predict = host_inputs.build_for_predict
+
+
+def prepare() -> None:
+    """Nothing of JAX's to change when tnt_keras is imported."""
+
+
+def is_dataset(x: Any) -> bool:
+    return isinstance(x, keras.utils.PyDataset) or host_inputs.is_tf_dataset(x)
+
+
+def distribute(
+    x: Any,
+    y: Any,
+    sample_weight: Any,
+    batch_size: int | None,
+    *,
+    rank: int,
+    size: int,
+    shuffle: bool,
+    distribute: bool,
+    micro_batch_size: int | None,
+    what: str,
+) -> Any:
+    return host_inputs.distribute(
+        x, y, sample_weight, batch_size, rank=rank, size=size, shuffle=shuffle, distribute=distribute,
+        micro_batch_size=micro_batch_size, what=what, native_arrays=(jax.Array,),
+    )
+
+
+@contextlib.contextmanager
+def explain_errors(what: str) -> Iterator[None]:
+    """tnt-comm's errors inside a compiled step reach the user as tnt-comm's types (JAX wraps what a
+    callback raises in an error of its own); those raised in Python as on torch."""
+    collectives.take_failure()  # a failure of an earlier call was explained then
+    try:
+        with explain_python_errors(what):
+            yield
+    except tnt_comm.TntError:
+        raise
+    except Exception as error:
+        found = collectives.take_failure()
+        if found is None:
+            raise
+        raise reraised(what, found) from error
+
+
+def install_hooks(model: keras.Model, size: int) -> None:
+    gradients.install_gradient_sum(model, size)
+    steps.install(model, size)
+
+
+def predicted_outputs(returned: Any) -> Any:
+    """Keras-JAX's predict function returns ``(outputs, state)``."""
+    return returned[0]
