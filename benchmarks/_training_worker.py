@@ -55,7 +55,7 @@ VOCAB, SEQUENCE, WIDTH, HEADS, FEED_FORWARD, BLOCKS = 8000, 32, 512, 8, 2048, 6
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["keras", "tnt", "mwms", "ddp", "solo"])
+    parser.add_argument("mode", choices=["keras", "tnt", "mwms", "ddp", "dp", "solo"])
     parser.add_argument("--model", choices=list(MODELS), default="lenet")
     parser.add_argument("--steps", type=int, default=100, help="steps per epoch (per round)")
     parser.add_argument("--rounds", type=int, default=5, help="timed epochs after the warm-up epoch")
@@ -325,7 +325,7 @@ def env_rank(mode: str) -> int:
         return int(os.environ.get("BENCH_RANK", "0"))
     if mode == "mwms":
         return int(json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index", 0))
-    if mode == "ddp":
+    if mode in ("ddp", "dp"):
         return int(os.environ.get("RANK", "0"))
     return 0
 
@@ -346,6 +346,10 @@ def main() -> int:
     warnings.filterwarnings("ignore", message=".*`shuffle=True` was passed.*")
     if backend() == "torch":
         return main_torch(args, bench_dir, started)
+    if backend() == "jax":
+        return main_jax(args, bench_dir, started)
+    if args.mode == "dp":
+        raise SystemExit("worker: mode dp needs KERAS_BACKEND=jax")
     if args.mode == "ddp":
         raise SystemExit("worker: mode ddp needs KERAS_BACKEND=torch")
 
@@ -538,6 +542,63 @@ def main_torch(args: argparse.Namespace, bench_dir: Path | None, started: float)
     publish(result, bench_dir, tag, rank)
     if args.mode == "ddp":
         dist.destroy_process_group()
+    return 0
+
+
+def main_jax(args: argparse.Namespace, bench_dir: Path | None, started: float) -> int:
+    """The worker on Keras' JAX backend: modes keras, tnt, solo and dp. ``dp`` is Keras' own recipe
+    for several processes: ``jax.distributed`` (coordinator at ``MASTER_ADDR:MASTER_PORT``, JAX's
+    gloo collectives between CPU processes) and ``keras.distribution.DataParallel`` over every
+    process's device, with ``auto_shard_dataset=False``: each process feeds its own rows of every
+    global batch, which Keras assembles into the global batch of the compiled step."""
+    if args.mode in ("mwms", "ddp"):
+        raise SystemExit(f"worker: mode {args.mode} needs another KERAS_BACKEND")
+    import jax
+
+    rank, size = 0, 1
+    if args.mode == "dp":
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        rank, size = env_rank("dp"), int(os.environ["WORLD_SIZE"])
+        coordinator = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+        jax.distributed.initialize(coordinator, num_processes=size, process_id=rank)
+    import keras
+
+    tnt = None
+    if args.mode == "tnt":
+        import tnt_keras as tnt
+
+        rank, size = int(tnt.get_rank()), int(tnt.get_size())
+    elif args.mode == "solo":
+        rank, size = env_rank("solo"), int(os.environ.get("BENCH_SIZE", "1"))
+    if args.mode == "dp":
+        keras.distribution.set_distribution(
+            keras.distribution.DataParallel(devices=jax.devices(), auto_shard_dataset=False)
+        )
+    tag = f"{args.mode}.r{rank}"
+    spec = MODELS[args.model]
+    keras.utils.set_random_seed(args.seed)
+    x, y = synthetic(spec, args)
+    model = spec.build(keras)
+    sliced = args.mode in ("solo", "dp")
+    batches = cached_batches(keras, x, y, args, rank if sliced else 0, size if sliced else 1)
+    if tnt is not None:
+        model = tnt.Model(model)
+    model.compile(**training_setup(keras))
+    records = time_epochs(keras, bench_dir, tag)
+    fit_start = time.perf_counter()
+    model.fit(batches, epochs=1 + args.rounds, steps_per_epoch=args.steps, shuffle=False, verbose=0)
+    fit_seconds = time.perf_counter() - fit_start
+    result = {"backend": "jax", **run_result(args, model, rank, size, records, fit_seconds, started)}
+    result["threads"] = {
+        "backend": "jax",
+        "XLA_FLAGS": os.environ.get("XLA_FLAGS"),
+        "cpus": len(os.sched_getaffinity(0)),
+    }
+    result["tensorflow_imported"] = "tensorflow" in sys.modules
+    result["versions"] = versions(keras, tnt, jax=jax.__version__)
+    publish(result, bench_dir, tag, rank)
+    if args.mode == "dp":
+        jax.distributed.shutdown()
     return 0
 
 

@@ -1,7 +1,9 @@
-"""tnt on Keras' torch backend against serial Keras-torch, on the GPU when there is one.
+"""tnt on Keras' torch or JAX backend against serial Keras on the same backend, on the GPU when
+there is one.
 
 Run by ``benchmarks/gpu/run.sh`` (2 ranks sharing one GPU); runs on CPUs too, for a rehearsal:
-``KERAS_BACKEND=torch tnt-launch -n 2 -- python benchmarks/gpu/equal_job.py OUT_DIR``.
+``KERAS_BACKEND=torch tnt-launch -n 2 -- python benchmarks/gpu/equal_job.py OUT_DIR`` (on JAX with
+``JAX_ENABLE_X64=1``, without which JAX computes the float64 reference in float32).
 
 Rank 0 also trains the model serially, twice: in float32 (what tnt must equal) and in float64 (the
 reference both float32 runs approach). cuDNN's kernels and tnt's sum round differently from serial
@@ -24,7 +26,9 @@ import keras
 import numpy as np
 import tnt_comm
 import tnt_keras as tnt
-import torch
+from tnt_keras import state as tnt_state
+
+BACKEND = keras.backend.backend()
 
 ROWS, BATCH, EPOCHS = 257, 32, 3  # 257 = 8 * 32 + 1: the last global batch leaves rank 1 an empty slice
 SHAPE, CLASSES = (16, 16, 3), 10
@@ -70,11 +74,23 @@ def train(dtype: str, wrap: bool) -> tuple[list[np.ndarray], dict, float]:
     begin = time.perf_counter()
     history = m.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0).history
     seconds = time.perf_counter() - begin
-    summing = m.model.__dict__.get("_tnt_gradient_sum") if wrap else None
+    summing = tnt_state.of(m.model).gradient_sum if wrap and BACKEND == "torch" else None
     if summing is not None:  # how many gradients the hooks handed over while backward still ran
         OVERLAP["in_backward"] = sum(p.started_in_backward for p in summing.plans.values())
         OVERLAP["gradients_per_step"] = sum(len(p.variables) for p in summing.plans.values())
     return [np.asarray(w, dtype=np.float64) for w in m.get_weights()], history, seconds
+
+
+def device_name() -> str:
+    """The GPU this rank computes on, or "cpu"."""
+    if BACKEND == "torch":
+        import torch
+
+        return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    import jax
+
+    device = jax.devices()[0]
+    return device.device_kind if device.platform == "gpu" else "cpu"
 
 
 def distance(a: list[np.ndarray], b: list[np.ndarray]) -> float:
@@ -83,14 +99,16 @@ def distance(a: list[np.ndarray], b: list[np.ndarray]) -> float:
 
 def main() -> None:
     out = sys.argv[1] if len(sys.argv) > 1 else "."
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if BACKEND == "jax" and not keras.ops.convert_to_tensor(np.zeros(1, np.float64)).dtype == "float64":
+        raise SystemExit("equal_job.py on JAX needs JAX_ENABLE_X64=1 for its float64 reference")
     mine, history, tnt_seconds = train("float32", wrap=True)
     checksum = zlib.crc32(b"".join(w.astype(np.float32).tobytes() for w in mine))
     everyone = tnt_comm.allgather(np.array([checksum], dtype=np.int64)).ravel().tolist()
     report = {
         "rank": tnt.get_rank(),
         "size": tnt.get_size(),
-        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "backend": BACKEND,
+        "device": device_name(),
         "weights_on": str(keras.ops.convert_to_tensor(np.zeros(1)).device),
         "ranks_bitwise_equal": len(set(everyone)) == 1,
         "tnt_fit_s": round(tnt_seconds, 3),

@@ -93,3 +93,16 @@ def check_batchnorm(bn: dict, rank: int, ranks: int) -> None:
         assert bn["last_batch_changed"] == [True] * 3
     else:  # an empty slice leaves the moving statistics bitwise as they were
         assert bn["last_batch_changed"] == [False] * 3
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("ranks", [2])
+def test_every_way_keras_jax_runs_a_step_equals_serial(ranks: int) -> None:
+    """Compiled, eager, jit_compile=False and steps_per_execution=3 on Keras-JAX (the collectives are
+    ordered callbacks: inside one program for several steps, or called eagerly)."""
+    skip_unless_installed("jax")
+    result = run("jax_modes_job", ranks, timeout=280, backend="jax")
+    for r in result.ranks:
+        assert set(r["results"]) == {"compiled", "eager", "no_jit", "spe3"}
+        for name, found in r["results"].items():
+            assert found["weights_err"] < TOL and found["history_err"] < TOL, (name, found)
