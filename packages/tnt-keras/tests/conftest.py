@@ -24,10 +24,16 @@ GROUP_SECONDS = {
     "test_training.py": 133,
     "test_large_models.py": 115,
     "jobs-torch": 95,
-    "jobs-jax": 240,
+    # JAX's bundles (2026-11-28, with the other tests of the session on the other worker): most of it
+    # is XLA compiling each model's steps for every slice shape.
+    "jobs-jax": 710,
     # Each backend's planted exceptions: 6 jobs of 3 ranks that cannot share their ranks.
     "test_planted_errors.py-torch": 120,
     "test_planted_errors.py-tensorflow": 90,
+    "test_planted_errors.py-jax": 130,
+    "test_sync_batch_norm.py-jax": 95,
+    "test_sync_batch_norm.py-tensorflow": 60,
+    "test_sync_batch_norm.py-torch": 52,
     "test_ops.py": 90,
     "test_failures.py": 85,
     "test_progress_tty.py": 32,

@@ -240,18 +240,16 @@ class Model(keras.Model):
 
     def compile(self, *args: Any, jit_compile: Any = "auto", **kwargs: Any) -> None:
         """As the wrapped model's ``compile`` (Keras' or the model's own override, whatever its
-        arguments); XLA is refused since the collective op cannot run under it."""
-        if jit_compile is True:
-            raise ValueError(
-                "tnt: jit_compile=True is not supported: XLA cannot run tnt's gradient collective. "
-                "Leave jit_compile unset (tnt compiles the step with jit_compile=False)."
-            )
+        arguments), with the ``jit_compile`` the backend can sum gradients under (TensorFlow and
+        torch: none, XLA is refused; JAX: Keras' own, the step stays one XLA program)."""
+        jit_compile = self._backend.jit_compile(jit_compile)
         inner = self._model
         if _accepts_keyword(inner.compile, "jit_compile"):
-            inner.compile(*args, jit_compile=False, **kwargs)
+            inner.compile(*args, jit_compile=jit_compile, **kwargs)
         else:  # a compile override with arguments of its own (several optimizers, say)
             inner.compile(*args, **kwargs)
-            inner.jit_compile = False
+            if jit_compile is not None and jit_compile != "auto":
+                inner.jit_compile = jit_compile
         for optimizer in shared_variables.model_optimizers(inner):
             shared_variables.check_optimizer(optimizer)
         self._warn_inexact_losses()

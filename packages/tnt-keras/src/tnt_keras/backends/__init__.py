@@ -33,6 +33,11 @@ class Backend(Protocol):
         ``Dataset.shuffle`` without a seed takes one shared by every rank)."""
         ...
 
+    def jit_compile(self, asked: Any) -> Any:
+        """What ``compile(jit_compile=asked)`` hands Keras, or a ``ValueError`` where the backend's
+        gradient sum cannot run under that compiler."""
+        ...
+
     def is_dataset(self, x: Any) -> bool:
         """Whether ``x`` is an input of the backend's own that arrives batched with the global batch
         size (``tf.data.Dataset``; a torch ``DataLoader`` or a ``keras.utils.PyDataset``)."""
@@ -101,6 +106,17 @@ def guard_steps(model: keras.Model, size: int, guarded: Callable[[keras.Model, A
     for name in ("train_step", "test_step"):
         setattr(model, name, guarded(model, getattr(model, name)))
     state.of(model).empty_slices_guarded = True
+
+
+def without_xla(asked: Any) -> bool:
+    """``jit_compile`` for the backends whose collectives run outside XLA (TensorFlow's op, torch's
+    hooks): True is refused, anything else becomes False."""
+    if asked is True:
+        raise ValueError(
+            "tnt: jit_compile=True is not supported on this backend: XLA cannot run tnt's gradient "
+            "collective. Leave jit_compile unset (tnt compiles the step with jit_compile=False)."
+        )
+    return False
 
 
 def mismatch_advice(what: str, message: str) -> str:

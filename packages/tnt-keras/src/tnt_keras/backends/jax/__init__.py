@@ -25,6 +25,7 @@ __all__ = [
     "global_batch_size",
     "install_hooks",
     "is_dataset",
+    "jit_compile",
     "predicted_outputs",
     "summed_values",
     "synced_sum",
@@ -89,3 +90,9 @@ def install_hooks(model: keras.Model, size: int) -> None:
 def predicted_outputs(returned: Any) -> Any:
     """Keras-JAX's predict function returns ``(outputs, state)``."""
     return returned[0]
+
+
+def jit_compile(asked: Any) -> Any:
+    """Keras' own choice: every step is one XLA program (``auto``), the collectives ordered callbacks
+    inside it; False runs the steps eagerly, the callbacks called as they come."""
+    return asked

@@ -10,7 +10,7 @@ from typing import Any
 import keras
 
 from .. import explain_python_errors as explain_errors
-from .. import host_inputs
+from .. import host_inputs, without_xla
 from . import gradients, steps
 from .inputs import distribute, is_dataset
 
@@ -22,6 +22,7 @@ __all__ = [
     "global_batch_size",
     "install_hooks",
     "is_dataset",
+    "jit_compile",
     "predicted_outputs",
     "summed_values",
     "synced_sum",
@@ -48,3 +49,7 @@ def install_hooks(model: keras.Model, size: int) -> None:
 def predicted_outputs(returned: Any) -> Any:
     """Keras' predict function returns the outputs alone."""
     return returned
+
+
+def jit_compile(asked: Any) -> bool:
+    return without_xla(asked)
