@@ -251,6 +251,8 @@ def thread_env(ranks: int, backend: str = "tensorflow") -> dict[str, str]:
     the same; plain Keras gets nothing (the framework's defaults: TF's intra- and inter-op pools as
     large as the machine, torch's intra-op pool one thread per core)."""
     threads = str(max(1, cpus() // ranks))
+    if backend == "jax":  # XLA's only thread count: one, as tnt-launch sets it for a rank's share of one CPU
+        return {"XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false"} if threads == "1" else {}
     if backend == "torch":
         return {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     return {"OMP_NUM_THREADS": threads, "TF_NUM_INTRAOP_THREADS": threads}

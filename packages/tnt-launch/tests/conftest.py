@@ -71,7 +71,7 @@ def launcher(tmp_path: Path) -> Launcher:
     env["TNT_LAUNCH_REGISTRY"] = str(tmp_path / "registry")
     for name in ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
                  "TF_NUM_INTRAOP_THREADS", "TF_FORCE_GPU_ALLOW_GROWTH", "XLA_PYTHON_CLIENT_PREALLOCATE",
-                 "TNT_SSH_OPTS"):
+                 "XLA_FLAGS", "TNT_SSH_OPTS"):
         env.pop(name, None)
     for name in [n for n in env if n.startswith("SLURM_")]:  # run inside an allocation, as outside
         env.pop(name)

@@ -446,6 +446,11 @@ def test_thread_variables_reach_torch_too() -> None:
 def test_threads_are_at_least_one() -> None:
     env = plan_for(cfg(nprocs=4, no_gpu=True), LOCAL, facts(cpus=2)).ranks[3].env
     assert env["OMP_NUM_THREADS"] == "1"
+    # XLA's one-thread flag (its only count), where the share is one CPU and XLA_FLAGS is the user's own.
+    assert env["XLA_FLAGS"] == "--xla_cpu_multi_thread_eigen=false"
+    assert "XLA_FLAGS" not in plan_for(cfg(nprocs=2, no_gpu=True), LOCAL, facts(cpus=8)).ranks[0].env
+    mine = plan_for(cfg(nprocs=4, no_gpu=True), LOCAL, facts(cpus=2), {"XLA_FLAGS": "--xla_dump_to=/tmp/x"})
+    assert "XLA_FLAGS" not in mine.ranks[0].env  # inherited from tnt-launch's environment as it is
 
 
 def test_pinning_ranks_to_numa_nodes() -> None:

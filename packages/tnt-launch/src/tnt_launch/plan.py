@@ -23,6 +23,10 @@ from tnt_launch.hosts import Host, is_loopback
 # tnt-keras' torch backend need not call torch.set_num_threads.
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TF_NUM_INTRAOP_THREADS")
 THREAD_FALLBACKS = {"MKL_NUM_THREADS": "OMP_NUM_THREADS"}
+# XLA (Keras' JAX backend) sizes its CPU pool from the process's CPUs and has no flag for another
+# count, only for one: a rank whose share is one CPU gets it, unless the user set XLA_FLAGS (LeNet-5
+# on 2 cores, 2 ranks: tnt 3,884 -> 4,341 samples/s, docs/benchmarks.md).
+XLA_ONE_THREAD = ("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
 """A variable the reader falls back on: set by the user, it is the count, and tnt-launch leaves
 MKL_NUM_THREADS unset so that MKL and PyTorch take the user's OMP_NUM_THREADS, as they would
 without tnt-launch."""
@@ -517,6 +521,8 @@ class _JobEnv:
         for name in THREAD_VARIABLES:
             if name not in user_set and THREAD_FALLBACKS.get(name) not in user_set:
                 env[name] = str(threads)
+        if threads == 1 and XLA_ONE_THREAD[0] not in user_set:
+            env[XLA_ONE_THREAD[0]] = XLA_ONE_THREAD[1]
         if gpu is not None and per_gpu > 1:
             for name, value in GPU_SHARING_VARIABLES.items():
                 if name not in user_set:
