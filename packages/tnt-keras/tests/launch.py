@@ -57,7 +57,7 @@ def _jobs(backend: str, ranks: int, *jobs: tuple[str, tuple[str, ...], dict[str,
 # the training over GPI-2 and TCP (launcher options), the large models (a longer timeout), failures
 # (they end the job), and the tests of printed output (progress bars, the optimizers' warnings).
 # Two jobs look at what happened before tnt_keras was imported, and come first in their bundles: the
-# datasets job builds a shuffle that tnt has not seeded yet, and the torch inputs job checks that tnt
+# datasets job builds a shuffle that tnt has not seeded yet, and the host inputs job checks that tnt
 # imported no TensorFlow (the other jobs do, through Keras' set_random_seed, which seeds TensorFlow
 # too wherever it is installed).
 # The 2-rank jobs that every backend runs.
@@ -82,9 +82,9 @@ BUNDLES: dict[str, tuple[Job, ...]] = {
     ),
     "tensorflow-3": _jobs("tensorflow", 3, "data_job", "predict_job", ("save_failure_job", ("three",), {})),
     "torch-2": _jobs("torch", 2, "train_equal", *ON_BOTH_BACKENDS_2),
-    "torch-3": _jobs("torch", 3, "torch_inputs_job", "train_equal", ("save_failure_job", ("three",), {})),
+    "torch-3": _jobs("torch", 3, "host_inputs_job", "train_equal", ("save_failure_job", ("three",), {})),
     "jax-2": _jobs("jax", 2, "train_equal", *ON_BOTH_BACKENDS_2),
-    "jax-3": _jobs("jax", 3, "train_equal", ("save_failure_job", ("three",), {})),
+    "jax-3": _jobs("jax", 3, "host_inputs_job", "train_equal", ("save_failure_job", ("three",), {})),
 }
 BUNDLED = {job: name for name, jobs in BUNDLES.items() for job in jobs}
 # Each job of a bundle gets at most this long (under load on 2 cores they take 10-50 s).

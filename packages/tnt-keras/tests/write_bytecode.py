@@ -51,7 +51,7 @@ elif BACKEND == "jax":  # a PyDataset, as the jobs give fit on backends without 
             return x[4 * i : 4 * i + 4], y[4 * i : 4 * i + 4]
 
     data = Batches()
-else:  # torch: a DataLoader, as test_torch_inputs.py's jobs give fit
+else:  # torch: a DataLoader, as test_host_inputs.py's job gives fit
     import torch
     import torch.utils.data
 

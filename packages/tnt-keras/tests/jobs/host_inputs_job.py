@@ -1,6 +1,7 @@
-"""The torch backend's inputs: arrays, a PyDataset and a DataLoader, each sliced by the global-batch
-rule; each rank loads only its own rows where the input allows it; no TensorFlow imported. Then,
-where TensorFlow is installed, a tf.data pipeline on the torch backend."""
+"""The inputs of the backends that slice in host memory (torch, JAX): arrays, a PyDataset and, on
+torch, a DataLoader, each sliced by the global-batch rule; each rank loads only its own rows where
+the input allows it; no TensorFlow imported. Then, where TensorFlow is installed, a tf.data pipeline
+on the backend."""
 
 import _quick_start  # noqa: F401, I001  (first: the collector waits out the imports)
 import importlib.util
@@ -11,11 +12,11 @@ import keras
 import numpy as np
 import tnt_comm
 import tnt_keras as tnt
-import torch
-from _job import CLASSES, FEATURES, arrays, build, compile_args, history_diff, max_diff, report
-from tnt_keras.backends.torch.inputs import distribute
+from _job import BACKEND, CLASSES, FEATURES, arrays, build, compile_args, history_diff, max_diff, report
+from tnt_keras.backends import current
 from tnt_keras.slicing import rank_rows
-from torch.utils.data import DataLoader, Dataset
+
+distribute = current().distribute
 
 rank, size = tnt.get_rank(), tnt.get_size()
 ROWS, BATCH = 23, 5  # 5 global batches: 4 of 5 rows, the last of 3 (fewer than 4 ranks: empty slices)
@@ -49,30 +50,6 @@ for _ in range(2):
 results["shuffled"] = epochs
 
 
-class Counting(Dataset):
-    """Rows that count how often each is loaded."""
-
-    def __init__(self) -> None:
-        self.loaded = np.zeros(ROWS, dtype=np.int64)
-
-    def __len__(self) -> int:
-        return ROWS
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        self.loaded[i] += 1
-        return torch.tensor([float(i)]), torch.tensor(0)
-
-
-counting = Counting()
-loader = distribute(DataLoader(counting, batch_size=BATCH), None, None, None, rank=rank, size=size, shuffle=False,
-                    distribute=True, micro_batch_size=None, what="test")
-results["loader"] = [[int(v) for v in x[:, 0]] for x, _ in loader]
-results["loader_loaded"] = counting.loaded.tolist()  # only this rank's rows, once each
-shuffled_loader = distribute(DataLoader(Counting(), batch_size=BATCH, shuffle=True), None, None, None, rank=rank,
-                             size=size, shuffle=False, distribute=True, micro_batch_size=None, what="test")
-results["loader_shuffled"] = [int(v) for x, _ in shuffled_loader for v in x[:, 0]]
-
-
 class Batches(keras.utils.PyDataset):
     def __init__(self) -> None:
         super().__init__()
@@ -88,24 +65,52 @@ sliced = distribute(Batches(), None, None, None, rank=rank, size=size, shuffle=F
                     micro_batch_size=None, what="test")
 results["pydataset"] = [[int(v) for v in sliced[i][0][:, 0]] for i in range(len(sliced))]
 
+# A DataLoader (torch only): this rank's rows, loaded once each.
+if BACKEND == "torch":
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class Counting(Dataset):
+        """Rows that count how often each is loaded."""
+
+        def __init__(self) -> None:
+            self.loaded = np.zeros(ROWS, dtype=np.int64)
+
+        def __len__(self) -> int:
+            return ROWS
+
+        def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+            self.loaded[i] += 1
+            return torch.tensor([float(i)]), torch.tensor(0)
+
+    counting = Counting()
+    loader = distribute(DataLoader(counting, batch_size=BATCH), None, None, None, rank=rank, size=size, shuffle=False,
+                        distribute=True, micro_batch_size=None, what="test")
+    results["loader"] = [[int(v) for v in x[:, 0]] for x, _ in loader]
+    results["loader_loaded"] = counting.loaded.tolist()  # only this rank's rows, once each
+    shuffled_loader = distribute(DataLoader(Counting(), batch_size=BATCH, shuffle=True), None, None, None, rank=rank,
+                                 size=size, shuffle=False, distribute=True, micro_batch_size=None, what="test")
+    results["loader_shuffled"] = [int(v) for x, _ in shuffled_loader for v in x[:, 0]]
+
+
 # Up to here only tnt ran: no TensorFlow. (Keras' own set_random_seed, which build() calls, imports
 # TensorFlow wherever it is installed, on any backend.)
 results["tensorflow_imported"] = "tensorflow" in sys.modules
 
-# fit on a DataLoader equals serial Keras-torch on the same loader.
-x, y = arrays(ROWS * 4, seed=3)
-data = torch.utils.data.TensorDataset(torch.from_numpy(x), torch.from_numpy(y.astype(np.int64)))
-serial = build("functional")
-serial.compile(**compile_args("sgd"))
-serial.fit(DataLoader(data, batch_size=BATCH * 2), epochs=2, verbose=0)
-model = tnt.Model(build("functional"))
-model.compile(**compile_args("sgd"))
-model.fit(DataLoader(data, batch_size=BATCH * 2), epochs=2, verbose=0)
-results["loader_fit_err"] = max_diff(serial.get_weights(), model.get_weights())
-results["features"] = (FEATURES, CLASSES)
+if BACKEND == "torch":  # fit on a DataLoader equals serial Keras-torch on the same loader.
+    x, y = arrays(ROWS * 4, seed=3)
+    data = torch.utils.data.TensorDataset(torch.from_numpy(x), torch.from_numpy(y.astype(np.int64)))
+    serial = build("functional")
+    serial.compile(**compile_args("sgd"))
+    serial.fit(DataLoader(data, batch_size=BATCH * 2), epochs=2, verbose=0)
+    model = tnt.Model(build("functional"))
+    model.compile(**compile_args("sgd"))
+    model.fit(DataLoader(data, batch_size=BATCH * 2), epochs=2, verbose=0)
+    results["loader_fit_err"] = max_diff(serial.get_weights(), model.get_weights())
+    results["features"] = (FEATURES, CLASSES)
 
 # class_weight, sample_weight and validation data, on arrays of 70 rows in global batches of 7 (which
-# 3 ranks split 3/2/2): weights and every logged number equal serial Keras-torch.
+# 3 ranks split 3/2/2): weights and every logged number equal serial Keras on the backend.
 x, y = arrays(70, seed=4)
 sample_weight = np.random.default_rng(5).uniform(0.5, 2.0, 70).astype("float32")
 weighted = {}
@@ -128,7 +133,7 @@ for name, extra in {
 results["weighted"] = weighted
 
 # tf.data where TensorFlow is installed (Keras' set_random_seed above has imported it by now): sliced
-# by the same rule, and fit on it equals serial Keras-torch on the same pipeline.
+# by the same rule, and fit on it equals serial Keras on the same pipeline.
 if importlib.util.find_spec("tensorflow") is not None:
     import tensorflow as tf
 
