@@ -1,5 +1,5 @@
-"""The inputs of the torch and JAX backends on 3 real ranks: arrays, PyDataset, a DataLoader (torch)
-and (where TensorFlow is installed) tf.data, by the global-batch rule."""
+"""The inputs of the torch and JAX backends on 3 real ranks: arrays, PyDataset, Python generators, a
+DataLoader (torch) and (where TensorFlow is installed) tf.data, by the global-batch rule."""
 
 import importlib.util
 
@@ -30,6 +30,8 @@ def test_host_inputs_follow_the_global_batch_rule(backend: str) -> None:
         for name, w in r["weighted"].items():  # class_weight, sample_weight, validation_data
             assert w["weights_err"] < 1e-6 and w["history_err"] < 1e-6, (name, w)
         assert "val_loss" in r["weighted"]["validation"]["logged"]
+        generator = r["generator"]  # a Python generator of global batches
+        assert generator["weights_err"] < 1e-6 and generator["history_err"] < 1e-6, generator
         if importlib.util.find_spec("tensorflow") is not None:  # tf.data on the torch backend
             assert r["tf_data"] == r["arrays_expected"], r["tf_data"]
             fit = r["tf_data_fit"]

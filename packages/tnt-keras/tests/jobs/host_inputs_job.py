@@ -132,6 +132,26 @@ for name, extra in {
     }
 results["weighted"] = weighted
 
+
+def global_batches() -> object:
+    """A Python generator of (x, y) global batches of 7 rows from 70 (3 ranks: 3/2/2), for 2 epochs."""
+    for _ in range(2):
+        for begin in range(0, 70, 7):
+            yield x[begin : begin + 7], y[begin : begin + 7]
+
+
+# A generator of global batches: each rank keeps its rows of each; fit equals serial Keras on it.
+serial = build("sequential")
+serial.compile(**compile_args("adam"))
+expected = serial.fit(global_batches(), steps_per_epoch=10, epochs=2, verbose=0).history
+model = tnt.Model(build("sequential"))
+model.compile(**compile_args("adam"))
+got = model.fit(global_batches(), steps_per_epoch=10, epochs=2, verbose=0).history
+results["generator"] = {
+    "weights_err": max_diff(serial.get_weights(), model.get_weights()),
+    "history_err": history_diff(expected, got),
+}
+
 # tf.data where TensorFlow is installed (Keras' set_random_seed above has imported it by now): sliced
 # by the same rule, and fit on it equals serial Keras on the same pipeline.
 if importlib.util.find_spec("tensorflow") is not None:

@@ -5,6 +5,8 @@ Keras trainer iterates Python batches (torch, JAX):
   rows of each global batch, in an order shuffled alike on every rank (seeded per epoch);
 - a ``keras.utils.PyDataset`` yielding global batches: each batch is loaded and this rank's rows kept
   (a ``PyDataset`` hands out whole batches, so it cannot load fewer);
+- a Python generator (or any iterator) yielding global batches: each batch is drawn and this rank's
+  rows kept;
 - a ``tf.data.Dataset``, where TensorFlow is installed: sliced as on the TensorFlow backend.
 
 A backend adds its own kinds (torch: ``DataLoader``) through ``distribute``'s ``native`` arguments. A model
@@ -14,9 +16,11 @@ The rule (``slicing.py``) is the same on every backend: rank r takes rows ``[sta
 
 from __future__ import annotations
 
+import inspect
 import math
 import sys
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import keras
@@ -24,6 +28,11 @@ import numpy as np
 
 from ..runtime import logger
 from ..slicing import DEFAULT_SHUFFLE_SEED, rank_rows, too_small
+
+
+def is_generator(x: Any) -> bool:
+    """A Python generator or other iterator of global batches (not an array, which iterates rows)."""
+    return isinstance(x, Iterator)
 
 
 def is_tf_dataset(x: Any) -> bool:
@@ -116,6 +125,8 @@ def first_batch(ds: Any, drawn: bool = True) -> Any:
     builds on the first batch it predicts: no pass of its own, the element_spec."""
     if isinstance(ds, keras.utils.PyDataset):
         return ds[0]
+    if inspect.isgenerator(ds) and ds in _generated:
+        return _generated[ds].peek()
     if hasattr(ds, "element_spec"):  # tf.data
         return keras.tree.map_structure(np.asarray, next(iter(ds))) if drawn else ds.element_spec
     return next(iter(ds))
@@ -137,6 +148,49 @@ def build_for_predict(model: keras.Model, ds: Any) -> None:
         lambda a: None if a is None else keras.KerasTensor(a.shape, keras.backend.standardize_dtype(a.dtype)), x
     )
     keras_backend.compute_output_spec(model, symbolic, training=False)
+
+
+class GeneratorSlices(Iterator[Any]):
+    """This rank's rows of every global batch an iterator yields (a generator, as Keras takes one).
+    ``peek`` shows the first without losing it: tnt builds an unbuilt model from it, as Keras does."""
+
+    def __init__(self, batches: Iterator[Any], rank: int, size: int) -> None:
+        self.batches, self.rank, self.size = batches, rank, size
+        self.drawn = 0
+        self.head: list[Any] = []
+
+    def peek(self) -> Any:
+        if not self.head:
+            self.head.append(self._draw())
+        return self.head[0]
+
+    def __next__(self) -> Any:
+        return self.head.pop() if self.head else self._draw()
+
+    def _draw(self) -> Any:
+        batch = next(self.batches)
+        found = rows(batch)
+        if self.drawn == 0 and self.size > 1 and found < self.size:
+            raise ValueError(too_small(found, self.size))
+        self.drawn += 1
+        return _rows_of(batch, *rank_rows(found, self.rank, self.size))
+
+
+_generated: weakref.WeakKeyDictionary[Any, GeneratorSlices] = weakref.WeakKeyDictionary()
+"""The slices behind each generator ``distribute`` returned (Keras takes generators, not iterators)."""
+
+
+def _as_generator(slices: GeneratorSlices) -> Any:
+    def generate() -> Iterator[Any]:
+        yield from slices
+
+    generator = generate()
+    _generated[generator] = slices
+    return generator
+
+
+def _rows_of(batch: Any, start: int, count: int) -> Any:
+    return keras.tree.map_structure(lambda a: None if a is None else a[start : start + count], batch)
 
 
 def global_batch_size(ds: Any) -> int | None:
@@ -186,6 +240,13 @@ def distribute(
         if native_slices is not None and isinstance(x, native_datasets):
             return native_slices(x, rank, size)
         return DatasetSlices(x, rank, size, shuffle)
+    if is_generator(x):
+        if batch_size is not None or micro_batch_size is not None or y is not None or sample_weight is not None:
+            raise ValueError(
+                "tnt: a generator yields its batches (x, y[, sample_weight]) already batched with the GLOBAL batch "
+                "size: leave batch_size, tnt_micro_batch_size, y and sample_weight unset."
+            )
+        return _as_generator(GeneratorSlices(x, rank, size) if distribute else GeneratorSlices(x, 0, 1))
     if not isinstance(x, (np.ndarray, list, tuple, dict, *native_arrays)):
         raise TypeError(f"tnt: {what} takes {accepted} batched with the global batch size; got {type(x).__name__}.")
     if micro_batch_size is not None:

@@ -43,7 +43,7 @@ def prepare() -> None:
 
 
 def is_dataset(x: Any) -> bool:
-    return isinstance(x, keras.utils.PyDataset) or host_inputs.is_tf_dataset(x)
+    return isinstance(x, keras.utils.PyDataset) or host_inputs.is_tf_dataset(x) or host_inputs.is_generator(x)
 
 
 def distribute(

@@ -22,7 +22,8 @@ from .. import host_inputs
 
 
 def is_dataset(x: Any) -> bool:
-    return isinstance(x, (keras.utils.PyDataset, DataLoader)) or host_inputs.is_tf_dataset(x)
+    native = isinstance(x, (keras.utils.PyDataset, DataLoader))
+    return native or host_inputs.is_tf_dataset(x) or host_inputs.is_generator(x)
 
 
 class RankBatchSampler(torch.utils.data.Sampler[list[tuple[Any, bool]]]):
