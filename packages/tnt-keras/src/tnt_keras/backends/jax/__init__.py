@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 summed_values = steps.summed_values
-synced_sum = collectives.synced_sum
+synced_sum = gradients.synced_sum
 global_batch_size = host_inputs.global_batch_size
 build = host_inputs.build
 build_for_predict = host_inputs.build_for_predict

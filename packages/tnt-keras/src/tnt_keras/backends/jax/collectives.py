@@ -79,33 +79,3 @@ def summed(arrays: Sequence[Any], threshold: int = 0) -> list[Any]:
     shapes = [jax.ShapeDtypeStruct(np.shape(a), a.dtype) for a in arrays]
     return list(io_callback(functools.partial(_sum_on_host, threshold), shapes, *arrays, ordered=True))
 
-
-@jax.custom_vjp
-def synced_sum(x: Any) -> Any:
-    """``x`` summed over ranks, differentiably (SyncBatchNormalization's statistics): the gradient
-    that reaches this rank's ``x`` is that of the global batch's loss. Each rank's loss is its own
-    slice's mean, and its gradients are scaled by its share ``w_r = b_r / B`` only when they are
-    summed (``gradients.py``); so the cotangents are summed weighted by each rank's share, and
-    divided by this rank's, which the gradient sum multiplies back. A rank with an empty slice
-    adds nothing (its cotangent may be NaN) and gets zeros (no rows need them)."""
-    return summed([x])[0]
-
-
-def _synced_sum_forward(x: Any) -> tuple[Any, None]:
-    return synced_sum(x), None
-
-
-def _synced_sum_backward(_: None, cotangent: Any) -> tuple[Any]:
-    from .gradients import active_step
-
-    step = active_step()
-    if step is None or step.fraction is None:  # outside a train step: equal shares
-        return (summed([cotangent])[0],)
-    if step.empty:
-        summed([jax.numpy.zeros_like(cotangent)])
-        return (jax.numpy.zeros_like(cotangent),)
-    weight = step.fraction.astype(cotangent.dtype)
-    return (summed([cotangent * weight])[0] / weight,)
-
-
-synced_sum.defvjp(_synced_sum_forward, _synced_sum_backward)

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import keras
 
@@ -99,3 +100,32 @@ def summed_gradients(grads: Sequence[Any], step: StepState, size: int, threshold
     scaled = [None if g is None else jnp.zeros_like(g) if step.empty else (g * fraction).astype(g.dtype) for g in grads]
     sums = iter(collectives.summed([g for g in scaled if g is not None], threshold))
     return [None if g is None else next(sums) for g in scaled]
+
+
+@jax.custom_vjp
+def synced_sum(x: Any) -> Any:
+    """``x`` summed over ranks, differentiably (SyncBatchNormalization's statistics): the gradient
+    that reaches this rank's ``x`` is that of the global batch's loss. Each rank's loss is its own
+    slice's mean, and its gradients are scaled by its share ``w_r = b_r / B`` only when they are
+    summed (``summed_gradients``); so the cotangents are summed weighted by each rank's share, and
+    divided by this rank's, which the gradient sum multiplies back. A rank with an empty slice
+    adds nothing (its cotangent may be NaN) and gets zeros (no rows need them)."""
+    return collectives.summed([x])[0]
+
+
+def _synced_sum_forward(x: Any) -> tuple[Any, None]:
+    return synced_sum(x), None
+
+
+def _synced_sum_backward(_: None, cotangent: Any) -> tuple[Any]:
+    step = active_step()
+    if step is None or step.fraction is None:  # outside a train step: equal shares
+        return (collectives.summed([cotangent])[0],)
+    if step.empty:
+        collectives.summed([jnp.zeros_like(cotangent)])
+        return (jnp.zeros_like(cotangent),)
+    weight = step.fraction.astype(cotangent.dtype)
+    return (collectives.summed([cotangent * weight])[0] / weight,)
+
+
+synced_sum.defvjp(_synced_sum_forward, _synced_sum_backward)
