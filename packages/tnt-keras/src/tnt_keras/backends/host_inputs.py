@@ -44,6 +44,13 @@ def rows(data: Any) -> int:
     return len(next(a for a in keras.tree.flatten(data) if a is not None))
 
 
+def local_rows(data: Any) -> int:
+    """The rows of one batch as a step gets it (0 for a batch of nothing): static shapes on torch and
+    inside a traced JAX step."""
+    leaves = [t for t in keras.tree.flatten(data) if t is not None]
+    return int(leaves[0].shape[0]) if leaves else 0
+
+
 def _take(data: Any, index: np.ndarray) -> Any:
     return keras.tree.map_structure(lambda a: None if a is None else a[index], data)
 

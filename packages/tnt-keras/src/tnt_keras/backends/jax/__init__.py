@@ -7,6 +7,7 @@ back untouched (``steps.py``). Neither TensorFlow nor torch is imported."""
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -46,23 +47,8 @@ def is_dataset(x: Any) -> bool:
     return isinstance(x, keras.utils.PyDataset) or host_inputs.is_tf_dataset(x) or host_inputs.is_generator(x)
 
 
-def distribute(
-    x: Any,
-    y: Any,
-    sample_weight: Any,
-    batch_size: int | None,
-    *,
-    rank: int,
-    size: int,
-    shuffle: bool,
-    distribute: bool,
-    micro_batch_size: int | None,
-    what: str,
-) -> Any:
-    return host_inputs.distribute(
-        x, y, sample_weight, batch_size, rank=rank, size=size, shuffle=shuffle, distribute=distribute,
-        micro_batch_size=micro_batch_size, what=what, native_arrays=(jax.Array,),
-    )
+# Arrays and PyDatasets are sliced in host memory as on torch; jax.Arrays are kept as they are.
+distribute = functools.partial(host_inputs.distribute, native_arrays=(jax.Array,))
 
 
 @contextlib.contextmanager

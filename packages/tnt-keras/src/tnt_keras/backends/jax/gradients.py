@@ -22,13 +22,8 @@ import keras
 from ... import state as model_state
 from ...runtime import fusion_threshold_bytes
 from ...variables import check_optimizer, model_optimizers
+from ..host_inputs import local_rows
 from . import collectives
-
-
-def local_rows(data: Any) -> int:
-    """This rank's rows in ``data`` (static: a traced step has one shape per trace)."""
-    leaves = [t for t in keras.tree.flatten(data) if t is not None]
-    return int(leaves[0].shape[0]) if leaves else 0
 
 
 class StepState(threading.local):

@@ -19,8 +19,8 @@ import keras
 
 from ...sync_batch_norm import synced_variables
 from .. import guard_steps
+from ..host_inputs import local_rows
 from . import collectives
-from .gradients import local_rows
 
 
 class _Step(threading.local):

@@ -9,6 +9,7 @@ The rule (``slicing.py``) is the TensorFlow backend's: rank r takes rows ``[star
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -106,22 +107,12 @@ def _loader_slices(loader: DataLoader, rank: int, size: int) -> DataLoader:
     )
 
 
-def distribute(
-    x: Any,
-    y: Any,
-    sample_weight: Any,
-    batch_size: int | None,
-    *,
-    rank: int,
-    size: int,
-    shuffle: bool,
-    distribute: bool,
-    micro_batch_size: int | None,
-    what: str,
-) -> Any:
-    return host_inputs.distribute(
-        x, y, sample_weight, batch_size, rank=rank, size=size, shuffle=shuffle, distribute=distribute,
-        micro_batch_size=micro_batch_size, what=what, native_datasets=(DataLoader,), native_slices=_loader_slices,
-        native_arrays=(torch.Tensor,),
-        accepted="numpy arrays with batch_size, a keras.utils.PyDataset or a torch DataLoader",
-    )
+# The shared slicing of host-memory inputs, with torch's own: tensors kept as they are, and a
+# DataLoader given a batch sampler of this rank's rows.
+distribute = functools.partial(
+    host_inputs.distribute,
+    native_datasets=(DataLoader,),
+    native_slices=_loader_slices,
+    native_arrays=(torch.Tensor,),
+    accepted="numpy arrays with batch_size, a keras.utils.PyDataset or a torch DataLoader",
+)

@@ -23,6 +23,7 @@ import torch
 from ...sync_batch_norm import synced_variables
 from ...variables import unique_variables
 from .. import guard_steps
+from ..host_inputs import local_rows
 
 
 class _Step(threading.local):
@@ -30,11 +31,6 @@ class _Step(threading.local):
 
 
 _step = _Step()
-
-
-def local_rows(data: Any) -> int:
-    leaves = [t for t in keras.tree.flatten(data) if t is not None]
-    return int(leaves[0].shape[0]) if leaves else 0
 
 
 def contributed(variables: Sequence[Any]) -> list[torch.Tensor]:
