@@ -25,22 +25,29 @@ raise error
 
 @pytest.mark.timeout(60)
 def test_the_error_a_rank_ends_with_is_reported_as_data_once() -> None:
+    # The report pipe is also the rank's stderr, as the agent's pipe to tnt-launch is: what comes
+    # through it shows the order the launcher sees.
     read, write = os.pipe()
     env = {**os.environ, "TNT_REPORT_FD": str(write)}
     env.pop("TNT_RANK", None)
     env.pop("TNT_SIZE", None)
     proc = subprocess.Popen(
-        [sys.executable, "-c", SCRIPT], env=env, pass_fds=(write,), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [sys.executable, "-c", SCRIPT], env=env, pass_fds=(write,), stdout=subprocess.PIPE, stderr=write
     )
     os.close(write)
     with os.fdopen(read, "rb") as reports:
         lines = reports.read().splitlines()  # until every holder of the write end has exited
-    _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 1, err.decode()[-2000:]
-    # Python still prints the traceback, after the report.
-    assert b"tnt_comm._core.PeerFailure: rank 3 failed" in err and b"forked child" in err, err.decode()[-2000:]
-    assert len(lines) == 1, lines
-    report = json.loads(lines[0])
+    proc.communicate(timeout=30)
+    text = b"\n".join(lines).decode(errors="replace")[-2000:]
+    assert proc.returncode == 1, text
+    events = [i for i, line in enumerate(lines) if line.startswith(b'{"event"')]
+    assert len(events) == 2, text
+    report, printed = (json.loads(lines[i]) for i in events)
+    # The report first, then Python's traceback as before, then the word that it is printed.
+    traceback = lines[events[0] + 1:events[1]]
+    assert b"tnt_comm._core.PeerFailure: rank 3 failed: its connection closed" in traceback, text
+    assert b"forked child" in b"\n".join(lines[:events[0]]), text  # the child's traceback, never reported
+    assert printed == {"event": "printed"}
     assert report["event"] == "error"
     error = report["error"]
     assert (error["kind"], error["ranks"], error["operation"], error["call"]) == ("PeerFailure", [3], "allreduce", 7)

@@ -78,7 +78,8 @@ def install_exit_hook() -> None:
     Python prints it (the previous hook still prints it, as before):
 
     1. Under a launcher that asks for it (``TNT_REPORT_FD``), it reports the exception as data first,
-       so the launcher knows this rank's own failure before the failures of its peers that follow.
+       so the launcher knows this rank's own failure before the failures of its peers that follow,
+       and says once the traceback is printed, so that a launcher stopping the job keeps its lines.
     2. Once it is printed, the peers are told (``_core.abandon``): their calls fail at once with a
        ``PeerFailure`` that names this rank and quotes its error, instead of waiting for it or taking
        its exit for a goodbye. Nothing is told where the runtime does not run or has failed already
@@ -107,6 +108,13 @@ def install_exit_hook() -> None:
             except (OSError, ValueError, TypeError):
                 pass  # the launcher is gone: the traceback still follows
         previous(kind, value, traceback)
+        if mine and report_fd is not None:
+            # The traceback is out: the launcher may stop this rank now without losing its last lines.
+            try:
+                sys.stderr.flush()
+                os.write(report_fd, b'{"event": "printed"}\n')
+            except (OSError, ValueError):
+                pass
         if mine:
             _core.abandon(told_error(value))
 

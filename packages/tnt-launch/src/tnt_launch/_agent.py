@@ -11,7 +11,8 @@ over ssh, in one of four modes:
   acts on it. Once the rank has exited, everything left of it is killed. The agent talks to
   tnt-launch on stderr, in lines starting with `MARKER`: {"event": "ready"} as soon as it runs,
   {"event": "error", ...} with the exception the rank ends with, as data, the moment the rank
-  reports it (see `contract.REPORT_FD`), {"event": "exit", ...} with the rank's status at the end, and
+  reports it (see `contract.REPORT_FD`), {"event": "printed"} once the rank's traceback is written,
+  {"event": "exit", ...} with the rank's status at the end, and
   {"event": "state", ...} in
   answer to 'S' on stdin: which processes of the rank are stopped (state T) or stopped by a
   tracer (t, a debugger), checked here because only this host can see them. SIGUSR1 (or 'U' on
@@ -221,7 +222,13 @@ def _relay_reports(fd: int, rank: int) -> None:
                 message = json.loads(line)
             except ValueError:
                 continue
-            if not isinstance(message, dict) or message.get("event") != "error":
+            if not isinstance(message, dict):
+                continue
+            if message.get("event") == "printed":
+                # After the rank's traceback on the same stderr: tnt-launch has read it when this comes.
+                _tell({"event": "printed", "rank": rank})
+                continue
+            if message.get("event") != "error":
                 continue
             error = message.get("error")
             if isinstance(error, dict):

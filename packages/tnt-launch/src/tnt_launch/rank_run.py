@@ -236,6 +236,8 @@ class RankRun:
         """The exception the rank reported it ends with, as data (tnt_comm.error_data)."""
         self.error_at: float | None = None
         """When that report arrived: the rank is about to exit."""
+        self.printed = False
+        """Whether the rank said its traceback is written (after the report): its last lines are in."""
         self.heard_at: float | None = None
         """When tnt-launch first heard that the rank failed (its report or its exit)."""
         self.stopped_by_us = False

@@ -191,6 +191,8 @@ class Supervisor:
             run.error_at = time.monotonic()
             if run.heard_at is None:
                 run.heard_at = run.error_at
+        elif message.get("event") == "printed":
+            run.printed = True
         elif message.get("event") == "state":
             run.state = message
 
@@ -282,15 +284,20 @@ class Supervisor:
             + (f" ({others} other rank(s) still running)" if others else "")
         )
 
-    def _leads_heard(self) -> bool:
+    def _leads_heard(self, now: float) -> bool:
         """Whether every rank that the failures heard so far blame as leaving (a dead peer, a rank
-        whose failure was shared) has reported its own error or exited: the culprit's own words
-        then reach the summary, whichever rank's exit came first."""
+        whose failure was shared) has reported its own error and printed its traceback, or exited:
+        the culprit's own words then reach the summary, whichever rank's exit came first. A rank that
+        reported but never says it printed (a tnt-comm of its own) gets FATAL_GRACE_S."""
         by_rank = {run.spec.rank: run for run in self.runs}
         for run in self.runs:
             for rank in blame.awaited(run):
                 lead = by_rank.get(rank)
-                if lead is not None and lead.running and lead.error is None and lead.reported is None:
+                if lead is None or not lead.running or lead.reported is not None:
+                    continue
+                if lead.error is None:
+                    return False
+                if not lead.printed and lead.error_at is not None and now - lead.error_at < FATAL_GRACE_S:
                     return False
         return True
 
@@ -358,7 +365,7 @@ class Supervisor:
         now = time.monotonic()
         self._check_reports(now)
         if self.check_until is not None and (
-            now >= self.check_until or (self._states_known() and self._leads_heard())
+            now >= self.check_until or (self._states_known() and self._leads_heard(now))
         ):
             self._stop_all()
         if self.kill_at is not None and now >= self.kill_at:
