@@ -327,19 +327,24 @@ def test_rank_that_raises_tells_the_others_what_it_raised(when: str, tmp_path: P
     # that "finalized" and "made fewer calls". Its exit is held back (an exit handler that sleeps),
     # so the others learn it from its words, not from its exit. "in-flight": the others are already
     # in the allreduce rank 1 never joins; "between-calls": they start it after rank 1 has told them.
+    # (Rank 1 raises once the others say, through files, that their barrier is over: a barrier that
+    # is over on rank 1 may still wait on the others for data in flight, over GPI-2 say.)
     code = f"""
-import atexit, time, numpy as np, tnt_comm as tc
+import atexit, os, time, numpy as np, tnt_comm as tc
 x = np.ones(1000, np.float32)
 tc.allreduce(x)
 if tc.rank() == 1:
     if "{when}" == "between-calls":
         tc.barrier()
+        while not all(os.path.exists(os.path.join({str(tmp_path)!r}, f"past-barrier-{{r}}")) for r in (0, 2)):
+            time.sleep(0.01)
     else:
         time.sleep(0.3)
     atexit.register(time.sleep, 8)
     raise ValueError("bad row 17 in shard 1\\nsecond line")
 if "{when}" == "between-calls":
     tc.barrier()
+    open(os.path.join({str(tmp_path)!r}, f"past-barrier-{{tc.rank()}}"), "w").close()
     time.sleep(1.0)
 t = time.monotonic()
 try:
@@ -353,7 +358,9 @@ except tc.PeerFailure as e:
     raiser = results[1]
     assert raiser.returncode == 1 and "ValueError: bad row 17 in shard 1" in raiser.stderr, raiser.stderr[-2000:]
     for res in (results[0], results[2]):
-        first, sentence = res.stdout.splitlines()[:2]
+        lines = res.stdout.splitlines()
+        assert len(lines) >= 2, (res.rank, res.returncode, res.stdout, res.stderr[-2000:])
+        first, sentence = lines[:2]
         words = first.split()
         # Well before rank 1's exit (8 s after its error): its words, not its exit, told them.
         assert words[0] == "PEER" and float(words[1]) < 6, (res.rank, res.stdout, res.stderr[-2000:])
