@@ -126,12 +126,15 @@ class Config:
     ranks: int
     launcher: bool  # started through tnt-launch
     backends: tuple[str, ...] = BACKENDS  # where it exists
+    env: tuple[tuple[str, str], ...] = ()  # set for its processes
 
 
 CONFIGS = [
     Config("keras", "plain Keras, 1 process", "keras", 1, False),
     Config("tnt1", "tnt, 1 rank", "tnt", 1, True),
     Config("tnt2", "tnt, 2 ranks", "tnt", 2, True),
+    # tnt's way before XLA's handler: the ordered callbacks into tnt-comm (docs/keras.md).
+    Config("tnt2cb", "tnt, 2 ranks, ordered callbacks", "tnt", 2, True, ("jax",), (("TNT_KERAS_JAX_SUM", "callback"),)),
     Config("mwms", "MWMS, 2 workers", "mwms", 2, False, ("tensorflow",)),
     Config("ddp", "torch DDP (gloo), 2 procs", "ddp", 2, False, ("torch",)),
     Config("dp", "Keras DataParallel (jax.distributed), 2 procs", "dp", 2, False, ("jax",)),
@@ -269,7 +272,7 @@ def commands(config: Config, args: argparse.Namespace, workdir: Path) -> list[_r
         f"--samples={args.samples}",
         f"--seed={args.seed}",
     ]
-    env = base_env(workdir, args.backend)
+    env = {**base_env(workdir, args.backend), **dict(config.env)}
     if config.launcher:
         # The launcher sets the contract and the thread variables for every rank (unless set).
         argv = [*(tnt_launch() or []), "-n", str(config.ranks), "--no-gpu"]
@@ -573,6 +576,7 @@ COLORS = {
     "keras": "tab:gray",
     "tnt1": "tab:orange",
     "tnt2": "tab:red",
+    "tnt2cb": "tab:pink",
     "mwms": "tab:blue",
     "ddp": "tab:purple",
     "dp": "tab:brown",

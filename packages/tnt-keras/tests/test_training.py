@@ -98,11 +98,19 @@ def check_batchnorm(bn: dict, rank: int, ranks: int) -> None:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("ranks", [2])
 def test_every_way_keras_jax_runs_a_step_equals_serial(ranks: int) -> None:
-    """Compiled, eager, jit_compile=False and steps_per_execution=3 on Keras-JAX (the collectives are
-    ordered callbacks: inside one program for several steps, or called eagerly)."""
+    """Compiled, eager, jit_compile=False, steps_per_execution=3, one bucket per gradient, and the
+    ordered callbacks in place of XLA's handler, on Keras-JAX."""
     skip_unless_installed("jax")
     result = run("jax_modes_job", ranks, timeout=280, backend="jax")
     for r in result.ranks:
-        assert set(r["results"]) == {"compiled", "eager", "no_jit", "spe3"}
-        for name, found in r["results"].items():
-            assert found["weights_err"] < TOL and found["history_err"] < TOL, (name, found)
+        found = r["results"]
+        assert set(found) == {"compiled", "eager", "no_jit", "spe3", "buckets", "callbacks"}
+        for name, got in found.items():
+            assert got["weights_err"] < TOL and got["history_err"] < TOL, (name, got)
+        # Compiled steps sum through the handler (gradients and metrics of train and test steps),
+        # unless told to use the callbacks; a step run eagerly sums on the host, tracing neither.
+        for name in ("compiled", "spe3", "buckets"):
+            assert found[name]["traced"]["handler"] >= 2 and found[name]["traced"]["callback"] == 0, (name, found)
+        assert found["callbacks"]["traced"]["handler"] == 0 and found["callbacks"]["traced"]["callback"] >= 2, found
+        for name in ("eager", "no_jit"):
+            assert found[name]["traced"] == {"handler": 0, "callback": 0}, (name, found)

@@ -42,6 +42,10 @@ if BACKEND == "tensorflow":
     print("TensorFlow op:", _build.build())
     data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(8, seed=1).batch(4)
 elif BACKEND == "jax":  # a PyDataset, as the jobs give fit on backends without tf.data
+    from tnt_keras.backends.jax import native
+
+    # The handler's cache too: the first test does not pay for its compile (and says so if it fails).
+    print("JAX handler:", native.library_path(native.compiler()) if native.chosen() else "unavailable")
 
     class Batches(keras.utils.PyDataset):
         def __len__(self) -> int:

@@ -27,9 +27,12 @@ from . import collectives
 
 
 class StepState(threading.local):
-    """This rank's share of the global batch of the step being traced (None outside a step)."""
+    """This rank's part of the global batch of the step being traced (None outside a step): its share
+    ``fraction``, or where the step's sums go through the handler, which learns the share itself in
+    the gradients' call, its ``rows``."""
 
     fraction: Any = None
+    rows: int | None = None
     empty: bool = False
 
 
@@ -65,13 +68,17 @@ def install_gradient_sum(model: keras.Model, size: int) -> None:
 def _with_share(train_step: Callable[[Any, Any], Any], step: StepState) -> Callable[[Any, Any], Any]:
     def shared_train_step(state: Any, data: Any) -> Any:
         local = local_rows(data)
-        (total,) = collectives.summed([jnp.full((1,), local, jnp.float32)])
-        step.fraction, step.empty = local / total[0], local == 0
+        if collectives.through_handler():
+            step.rows = local  # the gradients' call sums the row counts too
+        else:
+            (total,) = collectives.summed([jnp.full((1,), local, jnp.float32)])
+            step.fraction = local / total[0]
+        step.empty = local == 0
         outer, _active.step = _active.step, step
         try:
             return train_step(state, data)
         finally:
-            step.fraction, step.empty = None, False
+            step.fraction, step.rows, step.empty = None, None, False
             _active.step = outer
 
     return shared_train_step
@@ -91,6 +98,9 @@ def _sum_before_apply(optimizer: keras.optimizers.Optimizer, step: StepState, si
 
 def summed_gradients(grads: Sequence[Any], step: StepState, size: int, threshold: int) -> list[Any]:
     """``sum over ranks of fraction * grad`` for every gradient, in one ordered collective."""
+    if step.rows is not None:  # the handler scales by the share it sums (a share of 0 gives zeros)
+        sums = iter(collectives.summed([g for g in grads if g is not None], threshold, rows=step.rows))
+        return [None if g is None else next(sums) for g in grads]
     fraction = 1.0 / size if step.fraction is None else step.fraction  # outside a step: equal shares
     scaled = [None if g is None else jnp.zeros_like(g) if step.empty else (g * fraction).astype(g.dtype) for g in grads]
     sums = iter(collectives.summed([g for g in scaled if g is not None], threshold))
@@ -105,6 +115,12 @@ def synced_sum(x: Any) -> Any:
     summed (``summed_gradients``); so the cotangents are summed weighted by each rank's share, and
     divided by this rank's, which the gradient sum multiplies back. A rank with an empty slice
     adds nothing (its cotangent may be NaN) and gets zeros (no rows need them)."""
+    if collectives.through_handler():
+        # The data chain that orders the handler's calls cannot reach into a custom VJP's backward pass.
+        raise RuntimeError(
+            "tnt: a synchronized sum in a step whose sums go through XLA's handler; tnt chooses the "
+            "ordered callbacks for models with tnt.SyncBatchNormalization layers (steps.py)"
+        )
     return collectives.summed([x])[0]
 
 

@@ -49,6 +49,12 @@ def install(model: keras.Model, size: int) -> None:
 
 def _guarded(model: keras.Model, step: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
     def guarded(state: Any, data: Any) -> Any:
+        # A model with synchronized BatchNormalization sums inside custom VJPs: ordered callbacks.
+        synced = any(v in synced_variables for v in model.non_trainable_variables)
+        with collectives.step_order(handler=not synced):
+            return _step_or_nothing(state, data)
+
+    def _step_or_nothing(state: Any, data: Any) -> Any:
         if local_rows(data) > 0:
             return step(state, data)
         # Keras-JAX's states: (trainable, non_trainable, optimizer, metrics) for a train step,

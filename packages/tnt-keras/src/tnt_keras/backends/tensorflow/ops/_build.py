@@ -1,60 +1,45 @@
 """Compiling tnt_ops.cc against the installed TensorFlow, once per host, and loading it.
 
 The op must match the TensorFlow it runs in (C++ ABI, headers), so it is built on the machine that
-runs it, into a cache keyed by everything that shapes the binary. Several ranks of a job import at
-the same moment: a file lock makes exactly one of them compile (7-10 s, ~650 MB) while the others
-wait and then load its result, or reuse its failure instead of failing the same way again.
+runs it, into a cache keyed by everything that shapes the binary (tnt_keras.native_build: one rank
+compiles, 7-10 s and ~650 MB, while the others wait for its result).
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import fcntl
 import hashlib
+import importlib.util
 import logging
-import os
-import shlex
-import shutil
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 from types import ModuleType
 
+
+def _native_build() -> ModuleType:
+    """tnt_keras.native_build; by its path where this file itself was loaded by path (hatch_build.py
+    builds the op into the wheel before tnt_keras is installed)."""
+    if __package__:
+        from .... import native_build
+
+        return native_build
+    path = Path(__file__).parents[3] / "native_build.py"
+    spec = importlib.util.spec_from_file_location("_tnt_keras_native_build", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 log = logging.getLogger("tnt_keras")
+native_build = _native_build()
+BuildError = native_build.BuildError
+cache_dir = native_build.cache_dir
+compiler = native_build.compiler
 
 SOURCE = Path(__file__).with_name("tnt_ops.cc")
 EXPORTS = Path(__file__).with_name("tnt_ops.map")
 CAPSULE_NAME = b"tnt_comm._C_API"
-COMPILE_TIMEOUT_S = 600
-
-
-class BuildError(RuntimeError):
-    """The op could not be compiled or loaded; the message says why (the compiler's stderr tail)."""
-
-
-def cache_dir() -> Path:
-    """$TNT_KERAS_CACHE_DIR, else $XDG_CACHE_HOME/tnt_keras, else ~/.cache/tnt_keras."""
-    if os.environ.get("TNT_KERAS_CACHE_DIR"):
-        return Path(os.environ["TNT_KERAS_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "tnt_keras"
-
-
-def compiler() -> list[str]:
-    """The C++ compiler command: $CXX (may carry words, e.g. 'ccache g++'), else c++ or g++."""
-    cxx = os.environ.get("CXX")
-    if cxx:
-        cmd = shlex.split(cxx)
-        if not cmd or shutil.which(cmd[0]) is None:
-            raise BuildError(f"$CXX={cxx!r} is not an executable")
-        return cmd
-    for name in ("c++", "g++"):
-        if shutil.which(name):
-            return [name]
-    raise BuildError("no C++ compiler found (install g++ or set $CXX)")
 
 
 def _commands(cxx: list[str], output: str) -> list[list[str]]:
@@ -74,13 +59,13 @@ def _commands(cxx: list[str], output: str) -> list[list[str]]:
 
 def _abi_digest() -> hashlib._Hash:
     """A hash of what the binary's interface depends on: the op's source and tnt_comm's C ABI headers
-    (the table and the codes it includes)."""
+    (the table, the codes it includes, the JSON of its errors)."""
     import tnt_comm
 
     digest = hashlib.sha256()
     digest.update(SOURCE.read_bytes())
     digest.update(EXPORTS.read_bytes())
-    for header in ("c_api.h", "codes.h"):
+    for header in ("c_api.h", "codes.h", "error_data.hpp"):
         digest.update((Path(tnt_comm.get_include()) / "tnt_comm" / header).read_bytes())
     return digest
 
@@ -125,33 +110,7 @@ def library_path(cxx: list[str]) -> Path:
 
 
 def _compile(cxx: list[str], target: Path) -> None:
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.stem + ".", suffix=".tmp")
-    os.close(fd)
-    try:
-        t0 = time.monotonic()
-        for command in _commands(cxx, tmp):
-            try:
-                # From the source's folder, not the caller's: ccache with a base_dir keys the paths
-                # relative to where the compiler runs, so a job's own temporary folder would miss.
-                proc = subprocess.run(
-                    command,
-                    cwd=SOURCE.parent,
-                    capture_output=True,
-                    text=True,
-                    timeout=COMPILE_TIMEOUT_S,
-                    check=False,
-                )
-            except (OSError, subprocess.TimeoutExpired) as e:
-                raise BuildError(f"{' '.join(cxx)} failed to run: {e}") from None
-            if proc.returncode != 0:
-                tail = (proc.stderr or proc.stdout)[-2000:].strip()
-                raise BuildError(f"{' '.join(cxx)} exited with {proc.returncode}" + (f":\n{tail}" if tail else ""))
-        os.replace(tmp, target)  # atomic: a reader sees no library or a whole one
-        log.info("tnt_keras: compiled the TensorFlow op in %.1f s: %s", time.monotonic() - t0, target)
-    finally:
-        for leftover in (tmp, tmp + ".o"):
-            if os.path.exists(leftover):
-                os.unlink(leftover)
+    native_build.compile_into(target, lambda output: _commands(cxx, output), SOURCE.parent, "the TensorFlow op")
 
 
 def _tf_version() -> str:
@@ -167,43 +126,12 @@ def build() -> Path:
     Exactly one process per cache directory compiles; the others block on the lock meanwhile.
     """
     cxx = compiler()
-    target = library_path(cxx)
-    if target.exists():
-        return target
-    failed = target.with_suffix(".failed")
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        lock = open(target.parent / ".lock", "a+")  # held until the end of the with block
-    except OSError as e:
-        raise BuildError(f"cannot use the cache directory {target.parent}: {e}") from None
-    with lock:
-        asked = time.time()
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log.info("tnt_keras: waiting for another process compiling the TensorFlow op")
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        if target.exists():  # another process built it while we waited
-            return target
-        # Reuse a failure that another process met while we waited; an older one is retried.
-        if failed.exists() and failed.stat().st_mtime >= asked - 1.0:
-            raise BuildError(failed.read_text())
-        for pattern in (".*.tmp", ".*.tmp.o"):  # left by a compile that was killed
-            for stale in target.parent.glob(target.stem + pattern):
-                stale.unlink(missing_ok=True)
-        log.warning(
-            "tnt_keras: compiling the TensorFlow op for TF %s (once per host, about 10 s; "
-            "`pip install --no-build-isolation` builds it at install time)",
-            _tf_version(),
-        )
-        try:
-            _compile(cxx, target)
-        except BuildError as e:
-            with contextlib.suppress(OSError):  # only an optimisation for the waiting processes
-                failed.write_text(str(e))
-            raise
-        failed.unlink(missing_ok=True)
-    return target
+    return native_build.build_once(
+        library_path(cxx),
+        lambda target: _compile(cxx, target),
+        f"tnt_keras: compiling the TensorFlow op for TF {_tf_version()} (once per host, about 10 s; "
+        "`pip install --no-build-isolation` builds it at install time)",
+    )
 
 
 def _capsule_pointer() -> int:

@@ -35,6 +35,7 @@
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tnt_comm/c_api.h"
+#include "tnt_comm/error_data.hpp"
 
 namespace {
 
@@ -67,7 +68,7 @@ struct Pending {
   bool completed = false;  // guarded by mu, like everything below
   bool failed = false;
   std::string error;       // tnt-comm's sentence
-  std::string error_data;  // the same error as data: the JSON of ErrorData
+  std::string error_data;  // the same error as data (tnt::error_data_json)
   Tensor input;   // kept alive while the engine reads from it
   Tensor output;  // kept alive while the engine writes into it, even if the wait is pruned
   // Fused sums only: where each input lies in the flat output, and its shape.
@@ -87,45 +88,6 @@ struct Pending {
 // The payload key under which a failed op's Status carries tnt-comm's error as data (tnt_keras reads
 // it from tf.errors.OpError.experimental_payloads; TensorFlow keeps a Status' payloads).
 constexpr char kErrorPayload[] = "tnt_comm.error";
-
-void AppendJsonString(std::string* out, const char* text) {
-  out->push_back('"');
-  for (const char* c = text; *c != '\0'; ++c) {
-    const auto u = static_cast<unsigned char>(*c);
-    if (*c == '"' || *c == '\\') {
-      out->push_back('\\');
-      out->push_back(*c);
-    } else if (u < 0x20) {
-      static const char kHex[] = "0123456789abcdef";
-      out->append("\\u00");
-      out->push_back(kHex[u >> 4]);
-      out->push_back(kHex[u & 15]);
-    } else {
-      out->push_back(*c);
-    }
-  }
-  out->push_back('"');
-}
-
-// {"kind": 3, "message": ..., "ranks": [2], "operation": ..., "group": ..., "call": ..., "mine": ...,
-// "theirs": ..., "peer_error": ...}: the fields of tnt_comm_error, which tnt_comm.error_from_data turns back into the
-// exception tnt-comm's Python API would have raised.
-std::string ErrorData(const tnt_comm_error& e) {
-  std::string out = absl::StrCat("{\"kind\": ", e.kind, ", \"message\": ");
-  AppendJsonString(&out, e.message);
-  out += ", \"ranks\": [";
-  for (std::uint32_t i = 0; i < e.num_ranks; ++i) absl::StrAppend(&out, i ? ", " : "", e.ranks[i]);
-  out += "], \"operation\": ";
-  AppendJsonString(&out, e.operation);
-  absl::StrAppend(&out, ", \"group\": ", e.group, ", \"call\": ", e.call, ", \"mine\": ");
-  AppendJsonString(&out, e.mine);
-  out += ", \"theirs\": ";
-  AppendJsonString(&out, e.theirs);
-  out += ", \"peer_error\": ";
-  AppendJsonString(&out, e.peer_error);
-  out += "}";
-  return out;
-}
 
 absl::Status ErrorStatus(const std::string& what, const std::string& message, const std::string& data) {
   absl::Status status = absl::InternalError(absl::StrCat(what, message));
@@ -170,7 +132,7 @@ void OnDone(void* ctx, const tnt_comm_error* error) {
     if (error != nullptr) {
       p->failed = true;
       p->error = error->message;
-      p->error_data = ErrorData(*error);
+      p->error_data = tnt::error_data_json(*error);
     }
     std::swap(input, p->input);
     std::swap(output, p->output);
@@ -213,7 +175,7 @@ void Started(OpKernelContext* ctx, const tnt_comm_api_v3* api, Pending* p, int s
   if (started == 0) return;
   const tnt_comm_error* error = api->last_error();
   delete p;
-  ctx->CtxFailure(ErrorStatus("tnt_comm allreduce could not start: ", error->message, ErrorData(*error)));
+  ctx->CtxFailure(ErrorStatus("tnt_comm allreduce could not start: ", error->message, tnt::error_data_json(*error)));
 }
 
 class AllreduceStartOp : public OpKernel {
@@ -323,7 +285,7 @@ class FusedSumStartOp : public OpKernel {
     void* block = nullptr;
     if (nbytes > 0 && api->alloc_shared(nbytes, &block) != 0) {
       const tnt_comm_error* error = api->last_error();
-      ctx->CtxFailure(ErrorStatus("tnt_comm could not allocate a gradient bucket: ", error->message, ErrorData(*error)));
+      ctx->CtxFailure(ErrorStatus("tnt_comm could not allocate a gradient bucket: ", error->message, tnt::error_data_json(*error)));
       return;
     }
     if (block != nullptr) {
