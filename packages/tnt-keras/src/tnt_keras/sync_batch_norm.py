@@ -100,6 +100,14 @@ def is_synchronized(layer: keras.layers.BatchNormalization) -> bool:
     return isinstance(layer, SyncBatchNormalization) or bool(getattr(layer, "synchronized", False))
 
 
+def has_synchronized(model: keras.Model) -> bool:
+    """Whether any layer of ``model``, nested ones included, normalises over the global batch."""
+    return any(
+        isinstance(layer, keras.layers.BatchNormalization) and is_synchronized(layer)
+        for layer in model._flatten_layers(include_self=False, recursive=True)
+    )
+
+
 def synchronize_batch_norms(model: keras.Model, size: int) -> None:
     """Gives every ``BatchNormalization(synchronized=True)`` of ``model`` the global batch's moments
     (only TensorFlow lets Keras build one); idempotent, nothing on one rank."""

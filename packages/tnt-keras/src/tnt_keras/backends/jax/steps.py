@@ -17,7 +17,7 @@ from typing import Any
 
 import keras
 
-from ...sync_batch_norm import synced_variables
+from ...sync_batch_norm import has_synchronized, synced_variables
 from .. import guard_steps
 from ..host_inputs import local_rows
 from . import collectives
@@ -50,8 +50,7 @@ def install(model: keras.Model, size: int) -> None:
 def _guarded(model: keras.Model, step: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
     def guarded(state: Any, data: Any) -> Any:
         # A model with synchronized BatchNormalization sums inside custom VJPs: ordered callbacks.
-        synced = any(v in synced_variables for v in model.non_trainable_variables)
-        with collectives.step_order(handler=not synced):
+        with collectives.step_order(handler=not has_synchronized(model)):
             return _step_or_nothing(state, data)
 
     def _step_or_nothing(state: Any, data: Any) -> Any:
