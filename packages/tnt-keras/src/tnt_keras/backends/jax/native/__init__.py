@@ -94,12 +94,15 @@ class _Library:
     def __init__(self) -> None:
         self.tried = False
         self.lib: ctypes.CDLL | None = None
+        self.failure: BuildError | None = None
 
     def get(self) -> ctypes.CDLL | None:
+        choice = os.environ.get(CHOICE, "").strip().lower()
         if self.tried:
+            if self.failure is not None and choice == "ffi":
+                raise self.failure
             return self.lib
         self.tried = True
-        choice = os.environ.get(CHOICE, "").strip().lower()
         try:
             cxx = compiler()
             path = build_once(
@@ -109,6 +112,7 @@ class _Library:
             )
             self.lib = _load(path)
         except BuildError as e:
+            self.failure = e
             if choice == "ffi":
                 raise
             log.warning("tnt_keras: the JAX backend's XLA handler is unavailable (%s); the steps call "
