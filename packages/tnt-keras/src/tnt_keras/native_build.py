@@ -13,6 +13,7 @@ this module with it, by path.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import logging
 import os
@@ -118,3 +119,17 @@ def build_once(target: Path, compile_to: Callable[[Path], None], announce: str) 
             raise
         failed.unlink(missing_ok=True)
     return target
+
+
+def c_api_pointer() -> int:
+    """The address of tnt_comm's C ABI table, from the capsule its extension module exports, for a
+    native piece to share the process' one tnt-comm runtime."""
+    import tnt_comm._core
+
+    get = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+        ("PyCapsule_GetPointer", ctypes.pythonapi)
+    )
+    pointer = get(tnt_comm._core._C_API, b"tnt_comm._C_API")
+    if not pointer:
+        raise BuildError("tnt_comm._core._C_API is not a tnt_comm C API capsule")
+    return int(pointer)

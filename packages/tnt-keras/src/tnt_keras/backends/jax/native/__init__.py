@@ -22,7 +22,7 @@ from typing import Any
 import jax
 import tnt_comm
 
-from ....native_build import BuildError, build_once, cache_dir, compile_into, compiler
+from ....native_build import BuildError, build_once, c_api_pointer, cache_dir, compile_into, compiler
 
 log = logging.getLogger("tnt_keras")
 
@@ -56,19 +56,6 @@ def library_path(cxx: list[str]) -> Path:
     return cache_dir() / name
 
 
-def _capsule_pointer() -> int:
-    """The address of tnt_comm's C ABI table, from the capsule its extension module exports."""
-    import tnt_comm._core
-
-    get = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
-        ("PyCapsule_GetPointer", ctypes.pythonapi)
-    )
-    pointer = get(tnt_comm._core._C_API, b"tnt_comm._C_API")
-    if not pointer:
-        raise BuildError("tnt_comm._core._C_API is not a tnt_comm C API capsule")
-    return int(pointer)
-
-
 def _load(path: Path) -> ctypes.CDLL:
     try:
         lib = ctypes.CDLL(str(path))
@@ -78,7 +65,7 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.tnt_jax_set_api.restype = ctypes.c_int
     lib.tnt_jax_take_failure.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
     lib.tnt_jax_take_failure.restype = ctypes.c_size_t
-    rc = lib.tnt_jax_set_api(_capsule_pointer())
+    rc = lib.tnt_jax_set_api(c_api_pointer())
     if rc == 2:
         built_for = lib.tnt_jax_api_version()
         raise BuildError(f"tnt_comm's C API is not version {built_for}, which {path.name} was built for")

@@ -39,7 +39,6 @@ compiler = native_build.compiler
 
 SOURCE = Path(__file__).with_name("tnt_ops.cc")
 EXPORTS = Path(__file__).with_name("tnt_ops.map")
-CAPSULE_NAME = b"tnt_comm._C_API"
 
 
 def _commands(cxx: list[str], output: str) -> list[list[str]]:
@@ -134,19 +133,6 @@ def build() -> Path:
     )
 
 
-def _capsule_pointer() -> int:
-    """The address of tnt_comm's C ABI table, from the capsule its extension module exports."""
-    import tnt_comm._core
-
-    get = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
-        ("PyCapsule_GetPointer", ctypes.pythonapi)
-    )
-    pointer = get(tnt_comm._core._C_API, CAPSULE_NAME)
-    if not pointer:
-        raise BuildError("tnt_comm._core._C_API is not a tnt_comm C API capsule")
-    return int(pointer)
-
-
 def load(path: Path) -> ModuleType:
     """Loads the op library into TensorFlow and hands it tnt_comm's C ABI table."""
     import tensorflow as tf
@@ -158,7 +144,7 @@ def load(path: Path) -> ModuleType:
     lib = ctypes.CDLL(str(path))  # the same handle TensorFlow opened: dlopen counts references
     lib.tnt_ops_set_api.argtypes = [ctypes.c_void_p]
     lib.tnt_ops_set_api.restype = ctypes.c_int
-    pointer = _capsule_pointer()
+    pointer = native_build.c_api_pointer()
     rc = lib.tnt_ops_set_api(pointer)
     if rc == 2:
         have = ctypes.c_uint32.from_address(pointer).value
