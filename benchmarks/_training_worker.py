@@ -171,10 +171,21 @@ def lenet(keras: object) -> object:
 
 def resnet50(keras: object) -> object:
     """Keras' own ResNet-50, randomly initialised, on the smallest images it accepts (32x32x3): 23.6M
-    parameters, 53 BatchNormalization layers."""
-    return keras.applications.ResNet50(  # type: ignore[attr-defined]
+    parameters, 53 BatchNormalization layers; with BENCH_SYNC_BN=1 (training.py's tnt2sbn) each of
+    them a tnt.SyncBatchNormalization of the same configuration."""
+    model = keras.applications.ResNet50(  # type: ignore[attr-defined]
         weights=None, input_shape=(32, 32, 3), classes=CLASSES
     )
+    if os.environ.get("BENCH_SYNC_BN") != "1":
+        return model
+    import tnt_keras as tnt
+
+    def synchronized(layer: object) -> object:
+        if isinstance(layer, keras.layers.BatchNormalization):  # type: ignore[attr-defined]
+            return tnt.SyncBatchNormalization.from_config(layer.get_config())
+        return layer.__class__.from_config(layer.get_config())
+
+    return keras.models.clone_model(model, clone_function=synchronized)  # type: ignore[attr-defined]
 
 
 def transformer(keras: object) -> object:

@@ -19,10 +19,8 @@ Thread variables as tnt-launch sets them (one intra-op thread per rank on 2 core
 Each rank prints one line: the median over ``--rounds`` epochs of ``--steps`` steps, after one
 epoch of warm-up.
 
-``--overhead`` (one rank) measures what tnt's wrapper costs with no communication: one process
-builds the same model twice, plain and wrapped in ``tnt.Model``, and alternates their epochs
-(ABBA), so that both see the same machine; it prints the median ratio of their step times. Between
-processes, the same plain Keras run varies more than the bar of 3% here.
+``--overhead`` (one rank) measures what tnt's wrapper costs with no communication, as
+``wrapper_overhead.py --backend torch`` does (it runs that script's ABBA rounds).
 
     tnt-launch -n 1 -- benchmarks/torch_step_parts.py --overhead [--model lenet]
 """
@@ -50,6 +48,7 @@ from tnt_keras.backends.torch import gradients  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _training_worker as worker  # noqa: E402
+import wrapper_overhead  # noqa: E402
 
 SPENT = {"share": 0.0, "sum": 0.0, "hooks": 0.0}
 
@@ -87,7 +86,7 @@ def main() -> None:
     spec = worker.MODELS[args.model]
     x, y = worker.synthetic(spec, data)
     if args.overhead:
-        overhead(args, data, spec, x, y)
+        overhead(args)
         return
     model = compiled(spec, wrap=not args.solo)
     # tnt slices the global batches itself; solo takes this rank's rows of each, as the ceiling does.
@@ -124,28 +123,8 @@ def compiled(spec: Any, wrap: bool) -> keras.Model:
     return model
 
 
-def overhead(args: argparse.Namespace, data: argparse.Namespace, spec: Any, x: Any, y: Any) -> None:
-    if tnt.get_size() != 1:
-        raise SystemExit("--overhead runs on one rank: tnt-launch -n 1")
-    models = {"plain": compiled(spec, wrap=False), "tnt": compiled(spec, wrap=True)}
-    batches = worker.cached_batches(keras, x, y, data, 0, 1)
-    for model in models.values():
-        model.fit(batches, epochs=1, steps_per_epoch=args.steps, shuffle=False, verbose=0)  # warm-up
-    ratios, times = [], {name: [] for name in models}
-    for round_ in range(2 * args.rounds):
-        order = list(models) if round_ % 2 == 0 else list(reversed(models))  # ABBA
-        for name in order:
-            start = time.perf_counter()
-            models[name].fit(batches, epochs=1, steps_per_epoch=args.steps, shuffle=False, verbose=0)
-            times[name].append((time.perf_counter() - start) * 1000 / args.steps)
-        ratios.append(times["tnt"][-1] / times["plain"][-1])
-    print(
-        f"{args.model} B={data.batch}, 1 process, {len(ratios)} rounds: plain Keras "
-        f"{statistics.median(times['plain']):.1f} ms/step, tnt.Model {statistics.median(times['tnt']):.1f}; "
-        f"tnt/plain median {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f})",
-        flush=True,
-    )
-
+def overhead(args: argparse.Namespace) -> None:
+    print(wrapper_overhead.measure(keras, tnt, worker, args), flush=True)
 
 if __name__ == "__main__":
     main()

@@ -63,6 +63,7 @@ RATIOS = {
     "dp": "tnt 2 ranks / Keras DataParallel 2 procs",
     "ceiling": "tnt 2 ranks / ceiling (2 procs, no comm)",
     "overhead": "tnt 1 rank step time over plain Keras",
+    "sync_bn": "tnt 2 ranks step time, SyncBatchNormalization over BatchNormalization",
 }
 # Cores of other work during the timed rounds above which the result gets a warning.
 BUSY_OTHER_LOAD = 0.25
@@ -127,6 +128,7 @@ class Config:
     launcher: bool  # started through tnt-launch
     backends: tuple[str, ...] = BACKENDS  # where it exists
     env: tuple[tuple[str, str], ...] = ()  # set for its processes
+    models: tuple[str, ...] | None = None  # the models it runs for (None: every model)
 
 
 CONFIGS = [
@@ -135,6 +137,12 @@ CONFIGS = [
     Config("tnt2", "tnt, 2 ranks", "tnt", 2, True),
     # tnt's way before XLA's handler: the ordered callbacks into tnt-comm (docs/keras.md).
     Config("tnt2cb", "tnt, 2 ranks, ordered callbacks", "tnt", 2, True, ("jax",), (("TNT_KERAS_JAX_SUM", "callback"),)),
+    # What synchronized BatchNormalization costs: ResNet-50's 53 BatchNormalization layers as
+    # tnt.SyncBatchNormalization (_training_worker.py: resnet50), the other models have none.
+    Config(
+        "tnt2sbn", "tnt, 2 ranks, SyncBatchNormalization", "tnt", 2, True, env=(("BENCH_SYNC_BN", "1"),),
+        models=("resnet50",),
+    ),
     Config("mwms", "MWMS, 2 workers", "mwms", 2, False, ("tensorflow",)),
     Config("ddp", "torch DDP (gloo), 2 procs", "ddp", 2, False, ("torch",)),
     Config("dp", "Keras DataParallel (jax.distributed), 2 procs", "dp", 2, False, ("jax",)),
@@ -407,7 +415,9 @@ def summarise(config: Config, runs: list[Run], args: argparse.Namespace) -> Summ
 def threads_text(config: Config, summary: Summary) -> str:
     threads = summary.threads
     intra = threads.get("intra_op") or 0
-    if threads.get("backend") == "jax":  # XLA sizes its CPU pool from the process's CPUs
+    if threads.get("backend") == "jax":  # XLA sizes its CPU pool from the process's CPUs, or has one thread
+        if "--xla_cpu_multi_thread_eigen=false" in (threads.get("XLA_FLAGS") or ""):
+            return "XLA, 1 thread"
         return f"XLA default ({threads.get('cpus', cpus())} CPUs)"
     if threads.get("backend") == "torch":
         if not (threads.get("OMP_NUM_THREADS") or threads.get("MKL_NUM_THREADS")):
@@ -433,11 +443,14 @@ def checks(summaries: dict[str, Summary], bench: Bench, backend: str = "tensorfl
     for key, what in RATIOS.items():
         if key in BY_KEY and backend not in BY_KEY[key].backends:
             continue
+        if key == "sync_bn" and "tnt2sbn" not in summaries:  # a model without BatchNormalization
+            continue
         bar = targets.get(key)
-        if key == "overhead":
+        if key in ("overhead", "sync_bn"):
             measured = None
-            if tnt1 is not None and keras is not None and tnt1.status == "ok" and keras.status == "ok":
-                measured = (tnt1.step_ms / keras.step_ms - 1) * 100
+            slower, base = (tnt1, keras) if key == "overhead" else (summaries.get("tnt2sbn"), tnt2)
+            if slower is not None and base is not None and slower.status == "ok" and base.status == "ok":
+                measured = (slower.step_ms / base.step_ms - 1) * 100
             text = "-" if measured is None else f"{measured:+.1f}%"
             bar_text = "(context)" if bar is None else f"< {bar:.0f}%"
             met = measured is not None and bar is not None and measured < bar
@@ -577,6 +590,7 @@ COLORS = {
     "tnt1": "tab:orange",
     "tnt2": "tab:red",
     "tnt2cb": "tab:pink",
+    "tnt2sbn": "tab:olive",
     "mwms": "tab:blue",
     "ddp": "tab:purple",
     "dp": "tab:brown",
@@ -759,7 +773,7 @@ def model_args(args: argparse.Namespace, model: str) -> argparse.Namespace:
 def run_all(args: argparse.Namespace) -> dict[str, list[Run]]:
     """Pass by pass, one configuration after the other; the order rotates between passes so that
     none always runs first (or last) on a machine whose speed drifts."""
-    keys = [c.key for c in CONFIGS if c.key in args.configs]
+    keys = [c.key for c in CONFIGS if c.key in args.configs and (c.models is None or args.model in c.models)]
     results: dict[str, list[Run]] = {key: [] for key in keys}
     for pass_ in range(args.passes):
         shift = pass_ % len(keys)
