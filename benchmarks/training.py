@@ -32,6 +32,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import textwrap
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -664,7 +665,9 @@ def panel(ax: object, model: str, args: argparse.Namespace, summaries: dict[str,
         ax.axhline(value, color=color, linestyle="--", linewidth=1, label=text)
     if targets:
         ax.legend(loc="upper left", fontsize=8)
-    ax.set_xticks(range(len(keys)), [BY_KEY[k].label.replace(", ", ",\n", 1) for k in keys], fontsize=8)
+    # Wrapped to a bar's width: seven configurations share a panel on JAX.
+    names = [textwrap.fill(BY_KEY[k].label, 16, break_long_words=False) for k in keys]
+    ax.set_xticks(range(len(keys)), names, fontsize=8)
     ax.set_ylabel("global samples/s (median; bars: min-max over rounds)")
     ax.set_ylim(0, top * 1.45)
     ax.grid(True, axis="y", alpha=0.3)
