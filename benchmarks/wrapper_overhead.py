@@ -41,7 +41,12 @@ def measure(keras: Any, tnt: Any, worker: Any, args: argparse.Namespace) -> str:
         return model
 
     models = {"plain": compiled(wrap=False), "tnt": compiled(wrap=True)}
-    batches = worker.cached_batches(keras, x, y, data, 0, 1)
+    if keras.backend.backend() == "tensorflow":  # training.py's input there: a cached tf.data of global batches
+        import tensorflow as tf
+
+        batches = worker.dataset(tf, spec, data)
+    else:
+        batches = worker.cached_batches(keras, x, y, data, 0, 1)
     for model in models.values():
         model.fit(batches, epochs=1, steps_per_epoch=args.steps, shuffle=False, verbose=0)  # warm-up
     ratios: list[float] = []
