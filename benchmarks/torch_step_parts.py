@@ -78,16 +78,16 @@ def main() -> None:
     parser.add_argument("--solo", action="store_true", help="plain Keras on this rank's slice, no communication")
     parser.add_argument("--overhead", action="store_true", help="tnt.Model against plain Keras in one process")
     args = parser.parse_args()
-    defaults = {"lenet": 256, "resnet50": 16, "transformer": 16}
+    if args.overhead:
+        print(wrapper_overhead.measure(keras, tnt, worker, args), flush=True)
+        return
     data = argparse.Namespace(
-        batch=args.batch or defaults[args.model], steps=args.steps, samples=4096, seed=1, model=args.model
+        batch=args.batch or wrapper_overhead.BATCHES[args.model], steps=args.steps, samples=4096, seed=1,
+        model=args.model,
     )
     rank, size = tnt.get_rank(), tnt.get_size()
     spec = worker.MODELS[args.model]
     x, y = worker.synthetic(spec, data)
-    if args.overhead:
-        overhead(args)
-        return
     model = compiled(spec, wrap=not args.solo)
     # tnt slices the global batches itself; solo takes this rank's rows of each, as the ceiling does.
     batches = worker.cached_batches(keras, x, y, data, rank if args.solo else 0, size if args.solo else 1)
@@ -122,9 +122,6 @@ def compiled(spec: Any, wrap: bool) -> keras.Model:
     model.compile(**worker.training_setup(keras))
     return model
 
-
-def overhead(args: argparse.Namespace) -> None:
-    print(wrapper_overhead.measure(keras, tnt, worker, args), flush=True)
 
 if __name__ == "__main__":
     main()

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 BACKENDS = ("tensorflow", "torch", "jax")
-BATCHES = {"lenet": 256, "resnet50": 16, "transformer": 16}  # training.py's global batches
+BATCHES = {"lenet": 256, "resnet50": 16, "transformer": 16}  # training.py's global batches (its BENCHES)
 
 
 def measure(keras: Any, tnt: Any, worker: Any, args: argparse.Namespace) -> str:
@@ -31,7 +31,6 @@ def measure(keras: Any, tnt: Any, worker: Any, args: argparse.Namespace) -> str:
         batch=args.batch or BATCHES[args.model], steps=args.steps, samples=4096, seed=1, model=args.model
     )
     spec = worker.MODELS[args.model]
-    x, y = worker.synthetic(spec, data)
 
     def compiled(wrap: bool) -> Any:
         keras.utils.set_random_seed(1)
@@ -46,6 +45,7 @@ def measure(keras: Any, tnt: Any, worker: Any, args: argparse.Namespace) -> str:
 
         batches = worker.dataset(tf, spec, data)
     else:
+        x, y = worker.synthetic(spec, data)
         batches = worker.cached_batches(keras, x, y, data, 0, 1)
     for model in models.values():
         model.fit(batches, epochs=1, steps_per_epoch=args.steps, shuffle=False, verbose=0)  # warm-up
@@ -66,10 +66,9 @@ def measure(keras: Any, tnt: Any, worker: Any, args: argparse.Namespace) -> str:
     )
 
 
-def arguments(backend: str | None = None) -> argparse.ArgumentParser:
+def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    if backend is None:
-        parser.add_argument("--backend", choices=BACKENDS, default=os.environ.get("KERAS_BACKEND", "tensorflow"))
+    parser.add_argument("--backend", choices=BACKENDS, default=os.environ.get("KERAS_BACKEND", "tensorflow"))
     parser.add_argument("--model", choices=sorted(BATCHES), default="lenet")
     parser.add_argument("--batch", type=int, help="global batch (default: the benchmark's for the model)")
     parser.add_argument("--steps", type=int, default=40)
