@@ -161,14 +161,22 @@ def _launch(
             # models again and again (train_equal's 2-rank job took 110 s cold, 87 s warm).
             "JAX_COMPILATION_CACHE_DIR": os.path.join(REFERENCE_CACHE, "jax-programs"),
             "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-            # XLA's CPU compiler without LLVM's machine-code optimisation: XLA's own passes (fusion,
-            # scheduling, buffer assignment: where the order of tnt's calls in a step is decided) run
-            # as they do for users, and a job's ranks and its serial reference compile alike. It
-            # cuts a third of the compiling, most of a JAX job (train_equal on 2 ranks: XLA's compile
-            # 48 s -> 32 s, the job 70 s -> 52 s).
+            # XLA's CPU compiler, made cheaper where only the machine code changes: without LLVM's
+            # optimisation, and with XLA's older (LLVM IR) emitters for each fusion instead of its
+            # MLIR fusion emitters, the costliest part of compiling here. XLA's own passes (fusion,
+            # scheduling, buffer assignment: where the order of tnt's calls in a step is decided)
+            # run as they do for users, and a job's ranks and its serial reference compile alike.
+            # Most of a JAX job is compiling: train_equal on 2 ranks alone took 70 s, 50 s with the
+            # first flag, 31 s with both (91 -> 56 CPU-s).
             # One XLA thread per rank, as tnt-launch gives a rank whose share is one CPU (it leaves
             # an XLA_FLAGS of the user's as it is): the tests' ranks always share the cores.
-            "XLA_FLAGS": "--xla_backend_optimization_level=0 --xla_cpu_multi_thread_eigen=false",
+            "XLA_FLAGS": " ".join(
+                (
+                    "--xla_backend_optimization_level=0",
+                    "--xla_cpu_use_fusion_emitters=false",
+                    "--xla_cpu_multi_thread_eigen=false",
+                )
+            ),
         }
     )
     full_env.update(env or {})
