@@ -62,6 +62,7 @@ def _jobs(backend: str, ranks: int, *jobs: tuple[str, tuple[str, ...], dict[str,
 # too wherever it is installed).
 # The 2-rank jobs that every backend runs.
 ON_BOTH_BACKENDS_2 = (
+    "sync_bn_job",
     "callbacks_job",
     "predict_job",
     ("save_failure_job", ("two",), {}),
@@ -69,6 +70,8 @@ ON_BOTH_BACKENDS_2 = (
     "saving_files_job",
     ("plain_files_job", (str(DATA),), {}),
 )
+# On 3 ranks every gradient is a bucket of its own (test_sync_batch_norm.py says why).
+SYNC_BN_3 = ("sync_bn_job", (), {"TNT_FUSION_THRESHOLD_KB": "0"})
 BUNDLES: dict[str, tuple[Job, ...]] = {
     "tensorflow-1": _jobs(
         "tensorflow", 1, "data_job", "train_equal", ("plain_files_job", (str(DATA),), {}), "wrapper_job"
@@ -80,11 +83,11 @@ BUNDLES: dict[str, tuple[Job, ...]] = {
         *ON_BOTH_BACKENDS_2,
         ("tensorboard_job", (), {"TNT_TENSORBOARD_ON_ALL_DEVICES": "true"}),
     ),
-    "tensorflow-3": _jobs("tensorflow", 3, "data_job", "predict_job", ("save_failure_job", ("three",), {})),
+    "tensorflow-3": _jobs("tensorflow", 3, "data_job", "predict_job", ("save_failure_job", ("three",), {}), SYNC_BN_3),
     "torch-2": _jobs("torch", 2, "train_equal", *ON_BOTH_BACKENDS_2),
-    "torch-3": _jobs("torch", 3, "host_inputs_job", "train_equal", ("save_failure_job", ("three",), {})),
+    "torch-3": _jobs("torch", 3, "host_inputs_job", "train_equal", ("save_failure_job", ("three",), {}), SYNC_BN_3),
     "jax-2": _jobs("jax", 2, "train_equal", *ON_BOTH_BACKENDS_2),
-    "jax-3": _jobs("jax", 3, "host_inputs_job", "train_equal", ("save_failure_job", ("three",), {})),
+    "jax-3": _jobs("jax", 3, "host_inputs_job", "train_equal", ("save_failure_job", ("three",), {}), SYNC_BN_3),
 }
 BUNDLED = {job: name for name, jobs in BUNDLES.items() for job in jobs}
 # Each job of a bundle gets at most this long (under load on 2 cores they take 10-50 s).

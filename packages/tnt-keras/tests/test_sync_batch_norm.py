@@ -4,8 +4,9 @@
 import pytest
 from launch import run
 
-# One group per backend (conftest.py): two workers share the six jobs.
-pytestmark = pytest.mark.by_backend
+# Each job rides in its backend's bundle of 2 or 3 ranks (launch.py: BUNDLES), where it starts no
+# ranks of its own.
+pytestmark = pytest.mark.bundled
 
 # As test_training.py's: 8 float32 ulps of 1. The statistics are sums over ranks instead of over
 # one batch, which changes their rounding by a few ulps, no more than the gradient sum does.
@@ -20,6 +21,7 @@ def test_sync_batch_norm_trains_as_serial_batch_norm(ranks: int, backend: str) -
     # run in the same order on every rank (on JAX: ordered callbacks in one compiled program).
     env = {"TNT_FUSION_THRESHOLD_KB": "0"} if ranks == 3 else None
     result = run("sync_bn_job", ranks, timeout=400, backend=backend, env=env)
+    assert env is None or result.ranks[0]["fusion_threshold_kb"] == 0
     first = result.ranks[0]["results"]
     expected = 4 if backend == "tensorflow" else 2
     assert len(first) == expected

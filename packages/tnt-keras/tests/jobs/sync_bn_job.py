@@ -90,4 +90,12 @@ model.save(saved)
 loaded = tnt.models.load_model(saved)
 layers = [type(layer).__name__ for layer in loaded.layers]
 round_trip = {"layers": layers, "moving_equal": moving(loaded) == moving(model.model)}
-report({"rank": tnt.get_rank(), "size": tnt.get_size(), "results": results, "round_trip": round_trip})
+report(
+    {
+        "rank": tnt.get_rank(),
+        "size": tnt.get_size(),
+        "results": results,
+        "round_trip": round_trip,
+        "fusion_threshold_kb": int(os.environ.get("TNT_FUSION_THRESHOLD_KB", "32")),
+    }
+)
