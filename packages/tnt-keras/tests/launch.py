@@ -61,7 +61,7 @@ def _jobs(backend: str, ranks: int, *jobs: tuple[str, tuple[str, ...], dict[str,
 # imported no TensorFlow (the other jobs do, through Keras' set_random_seed, which seeds TensorFlow
 # too wherever it is installed).
 # The 2-rank jobs that every backend runs.
-ON_BOTH_BACKENDS_2 = (
+ON_EVERY_BACKEND_2 = (
     "sync_bn_job",
     "callbacks_job",
     "predict_job",
@@ -80,13 +80,13 @@ BUNDLES: dict[str, tuple[Job, ...]] = {
         "tensorflow",
         2,
         "data_job",
-        *ON_BOTH_BACKENDS_2,
+        *ON_EVERY_BACKEND_2,
         ("tensorboard_job", (), {"TNT_TENSORBOARD_ON_ALL_DEVICES": "true"}),
     ),
     "tensorflow-3": _jobs("tensorflow", 3, "data_job", "predict_job", ("save_failure_job", ("three",), {}), SYNC_BN_3),
-    "torch-2": _jobs("torch", 2, "train_equal", *ON_BOTH_BACKENDS_2),
+    "torch-2": _jobs("torch", 2, "train_equal", *ON_EVERY_BACKEND_2),
     "torch-3": _jobs("torch", 3, "host_inputs_job", "train_equal", ("save_failure_job", ("three",), {}), SYNC_BN_3),
-    "jax-2": _jobs("jax", 2, "train_equal", *ON_BOTH_BACKENDS_2),
+    "jax-2": _jobs("jax", 2, "train_equal", *ON_EVERY_BACKEND_2),
     "jax-3": _jobs("jax", 3, "host_inputs_job", "train_equal", ("save_failure_job", ("three",), {}), SYNC_BN_3),
 }
 BUNDLED = {job: name for name, jobs in BUNDLES.items() for job in jobs}

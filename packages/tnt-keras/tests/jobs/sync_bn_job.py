@@ -11,6 +11,7 @@ from pathlib import Path
 import keras
 import numpy as np
 import tnt_keras as tnt
+from tnt_keras.runtime import fusion_threshold_bytes
 from _job import BACKEND, CLASSES, FEATURES, arrays, batches, flat, report, shared_references
 
 # (rows, global batch): 61 rows in batches of 12 (last batch 1 row: empty slices), 70 in 7 (not
@@ -96,6 +97,6 @@ report(
         "size": tnt.get_size(),
         "results": results,
         "round_trip": round_trip,
-        "fusion_threshold_kb": int(os.environ.get("TNT_FUSION_THRESHOLD_KB", "32")),
+        "fusion_threshold_kb": fusion_threshold_bytes() // 1024,  # as tnt read it
     }
 )
