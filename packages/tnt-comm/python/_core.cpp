@@ -160,6 +160,14 @@ PYBIND11_MODULE(_core, m) {
   m.def("abandon", [](const std::string& error) { tnt::Runtime::abandon(error); },
         py::call_guard<py::gil_scoped_release>());
   m.def("is_initialized", [] { return tnt::Runtime::get() != nullptr; });
+  m.def("shrink", [] { tnt::Runtime::shrink(); }, py::call_guard<py::gil_scoped_release>());
+  m.def("membership", [] {
+    const tnt::Runtime& rt = tnt::Runtime::init();
+    return py::make_tuple(rt.generation(), rt.members());
+  });
+  py::class_<tnt::StoreService>(m, "StoreService")
+      .def(py::init<const std::string&, int, const std::string&>())
+      .def_property_readonly("port", &tnt::StoreService::port);
   // The timeline (tnt_comm/timeline.hpp): switched on and off, and its events taken, as tuples
   // (name, group, call, bytes, submitted_ns, started_ns, ended_ns, blocking, failed, algorithm,
   // phases as (name, begin_ns)).
@@ -186,6 +194,7 @@ PYBIND11_MODULE(_core, m) {
     d["job_id"] = id.job_id;
     d["timeout_s"] = id.timeout_s;
     d["start_timeout_s"] = id.start_timeout_s;
+    d["elastic_min"] = id.elastic_min;
     return d;
   });
   m.def("transports", [] { return tnt::Runtime::init().transports(); });

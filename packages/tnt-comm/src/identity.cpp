@@ -150,6 +150,7 @@ void read_tnt_launch(Identity& id) {
   id.master_port = static_cast<int>(env_int("TNT_MASTER_PORT", 0, 1, 65535));
   id.token = env("TNT_JOB_TOKEN");
   if (const char* job = env("TNT_JOB_ID")) id.job_id = job;
+  id.elastic_min = static_cast<int>(env_int("TNT_ELASTIC", 0, 0, id.size));
 }
 
 // What holds for every job however it was formed: a job id fit for file names. The transport is

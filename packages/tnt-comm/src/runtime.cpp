@@ -1,10 +1,12 @@
 #include "tnt_comm/runtime.hpp"
 
+#include <algorithm>
 #include <iterator>
 #include <mutex>
 
 #include "engine/engine.hpp"
 #include "job.hpp"
+#include "membership.hpp"
 #include "tnt_comm/group.hpp"
 #include "transport/fabric.hpp"
 
@@ -29,14 +31,21 @@ void Runtime::start(const Identity& identity) {
   refuse_after_finalize();
   if (g_runtime) return;
   Fabric::check_transport(identity.transport);
-  std::shared_ptr<Runtime> runtime(new Runtime(std::make_shared<Job>(identity)));
-  std::vector<int> all(static_cast<std::size_t>(identity.size));
-  for (int r = 0; r < identity.size; ++r) all[static_cast<std::size_t>(r)] = r;
-  runtime->world_ = std::make_shared<Group>(runtime->job_, std::move(all));
-  g_runtime = std::move(runtime);
+  if (identity.elastic_min > 0 && identity.transport == "gpi2") {
+    throw InvalidArgument("TNT_ELASTIC (tnt-launch --elastic) runs over shm and tcp: GPI-2 starts once "
+                          "per process, so a job over it cannot re-form (use --transport tcp or auto)");
+  }
+  std::vector<int> members(static_cast<std::size_t>(identity.size));
+  for (int r = 0; r < identity.size; ++r) members[static_cast<std::size_t>(r)] = r;
+  g_runtime.reset(new Runtime(std::make_shared<Job>(identity), 0, std::move(members), identity.job_id));
 }
 
-Runtime::Runtime(std::shared_ptr<Job> job) : job_(std::move(job)) {}
+Runtime::Runtime(std::shared_ptr<Job> job, int generation, std::vector<int> members, std::string job_base)
+    : job_(std::move(job)), generation_(generation), members_(std::move(members)), job_base_(std::move(job_base)) {
+  std::vector<int> all(static_cast<std::size_t>(job_->size()));
+  for (int r = 0; r < job_->size(); ++r) all[static_cast<std::size_t>(r)] = r;
+  world_ = std::make_shared<Group>(job_, std::move(all));
+}
 
 Runtime::~Runtime() = default;
 
@@ -93,6 +102,68 @@ void Runtime::abandon(const std::string& error) {
   runtime->fabric().fail(FailureKind::peer, std::move(detail),
                          "rank " + std::to_string(runtime->rank()) + " failed (" + error + ")", true);
 }
+
+Runtime& Runtime::shrink() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  refuse_after_finalize();
+  if (!g_runtime) throw InvalidArgument("shrink: the runtime has not started, so no job lost a rank");
+  const Identity identity = g_runtime->identity();
+  if (identity.elastic_min == 0) {
+    throw InvalidArgument("shrink re-forms an elastic job, and this one is not: start it with tnt-launch "
+                          "--elastic MIN (TNT_ELASTIC=MIN), whose store outlives every rank");
+  }
+  Fabric& fabric = g_runtime->fabric();
+  const FailureKind kind = fabric.failure_kind();
+  if (kind == FailureKind::none) {
+    throw InvalidArgument("shrink re-forms the job after it lost a rank, and no rank of it failed: call it "
+                          "after a collective raised PeerFailure or Timeout");
+  }
+  if (kind != FailureKind::peer && kind != FailureKind::timeout) {
+    throw Error("shrink cannot cure this job's failure, which is no lost rank (" +
+                    std::string(kind == FailureKind::mismatch ? "ranks called different collectives" : "an error") +
+                    "): re-formed, the same program would fail again",
+                fabric.failure_detail());
+  }
+  Generation now{g_runtime->generation_, g_runtime->members_, {}};
+  for (int r = 0; r < identity.size; ++r) now.nodes.push_back(fabric.node(r));
+  const std::string job_base = g_runtime->job_base_;
+  const int me = now.ids[static_cast<std::size_t>(identity.rank)];
+  std::vector<int> lost = fabric.failure_detail().ranks;
+  // The old generation goes first: its links, segments and threads (groups hold it weakly).
+  g_runtime.reset();
+  const Deadline deadline = deadline_after(identity.timeout_s);
+  Identity mine = identity;
+  for (int attempt = 0;; ++attempt) {
+    const Generation next = agree_on_survivors(mine, job_base, now, lost, deadline);
+    const bool kept = std::find(next.ids.begin(), next.ids.end(), me) != next.ids.end();
+    if (!kept) {
+      throw Error("rank " + std::to_string(mine.rank) + " (member " + std::to_string(me) + ") was left out when the job re-formed (" +
+                  describe(next) + "): the other survivors took it for lost, so it must leave the job");
+    }
+    if (static_cast<int>(next.ids.size()) < identity.elastic_min) {
+      ErrorDetail detail;
+      detail.ranks = lost;
+      throw PeerFailure(lost.empty() ? -1 : lost.front(), "the job lost ranks and " + std::to_string(next.ids.size()) + " are left (" + describe(next) +
+                            "), fewer than the " + std::to_string(identity.elastic_min) +
+                            " it needs (TNT_ELASTIC, tnt-launch --elastic): it ends",
+                        std::move(detail));
+    }
+    mine = identity_in(identity, job_base, next, me);
+    mine.start_timeout_s = std::min(identity.start_timeout_s, identity.timeout_s);  // no imports to wait for
+    try {
+      g_runtime.reset(new Runtime(std::make_shared<Job>(mine), next.generation, next.ids, job_base));
+      return *g_runtime;
+    } catch (const Error& e) {
+      // A member was lost while the new generation met: agree again without it.
+      if (e.detail().ranks.empty() || attempt >= identity.size) throw;
+      now = next;
+      lost = e.detail().ranks;
+    }
+  }
+}
+
+int Runtime::generation() const { return generation_; }
+std::vector<int> Runtime::members() const { return members_; }
 
 std::shared_ptr<Group> Runtime::new_group(std::vector<int> world_ranks) {
   auto group = std::make_shared<Group>(job_, std::move(world_ranks));

@@ -28,6 +28,10 @@ struct Identity {
   // their imports (TensorFlow, a shared file system), which a short collective timeout says nothing about.
   double start_timeout_s = 300.0;
   static constexpr double kMinStartTimeoutS = 60.0;
+  // TNT_ELASTIC: 0 (unset), or the fewest ranks the job may go on with. Elastic ranks meet at a
+  // store that outlives every one of them (held by the launcher at TNT_MASTER_ADDR/PORT; rank 0
+  // starts none), and after losing a rank the survivors may re-form the job (Runtime::shrink).
+  int elastic_min = 0;
 
   // Reads TNT_* variables; without TNT_SIZE, in a Slurm step of several tasks (plain srun), forms
   // the job from Slurm's variables; otherwise (or with TNT_SIZE=1) describes a single rank.

@@ -37,6 +37,15 @@ class Runtime {
   // exit for a goodbye. This rank's own later calls fail too; finalize() then says no goodbye.
   // Does nothing where the runtime does not run or has failed already.
   static void abandon(const std::string& error);
+  // For an elastic job (TNT_ELASTIC=MIN, which tnt-launch --elastic sets) after it lost a rank (a
+  // PeerFailure or Timeout): agrees with the other survivors on who is left, at the store the
+  // launcher holds, tears this rank's part of the old job down and meets the others in a new
+  // generation of it, with ranks 0..K-1 in the order of their old ranks. Every survivor must call
+  // it. Groups, Work handles and FusedAllreduce objects of the old generation raise Error; the
+  // world is new. Throws Error where this rank was left out (the others took it for lost),
+  // PeerFailure where fewer than MIN ranks are left, InvalidArgument where the job is not elastic or
+  // nothing failed, and Error for a failure that re-forming would not cure (a mismatch).
+  static Runtime& shrink();
 
   ~Runtime();
   Runtime(const Runtime&) = delete;
@@ -55,6 +64,10 @@ class Runtime {
   // The live group of this id (Group::id) that new_group made, the world for 0 or its own id;
   // null where no such group lives on this rank (the C ABI names groups by id).
   std::shared_ptr<Group> find_group(std::uint64_t id);
+  // The generation of an elastic job (0 until the first shrink), and the member id of each world
+  // rank: the rank it had in generation 0, kept for life.
+  int generation() const;
+  std::vector<int> members() const;
   // Transport used towards each world rank ("self", "shm" or "tcp").
   std::vector<std::string> transports() const;
 
@@ -73,12 +86,15 @@ class Runtime {
   Channel* channel(int world_rank);
 
  private:
-  explicit Runtime(std::shared_ptr<Job> job);
+  Runtime(std::shared_ptr<Job> job, int generation, std::vector<int> members, std::string job_base);
   // Needs the global lock: creates the runtime unless it runs, refuses after finalize().
   static void start(const Identity& identity);
 
   std::shared_ptr<Job> job_;  // groups and Work handles hold it weakly: finalize() drops it
   std::shared_ptr<Group> world_;
+  int generation_ = 0;
+  std::vector<int> members_;  // member id of each world rank
+  std::string job_base_;      // generation 0's job id: the elastic store's keys live under it
   std::mutex groups_mutex_;
   std::map<std::uint64_t, std::weak_ptr<Group>> groups_by_id_;  // what new_group made
 };

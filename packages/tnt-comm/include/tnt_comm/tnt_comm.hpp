@@ -7,6 +7,7 @@
 #include "tnt_comm/group.hpp"
 #include "tnt_comm/identity.hpp"
 #include "tnt_comm/runtime.hpp"
+#include "tnt_comm/store.hpp"
 #include "tnt_comm/timeline.hpp"
 #include "tnt_comm/types.hpp"
 #include "tnt_comm/work.hpp"

@@ -58,6 +58,7 @@ __all__ = [
     "isend",
     "local_rank",
     "local_size",
+    "membership",
     "new_group",
     "plan_buckets",
     "rank",
@@ -65,6 +66,7 @@ __all__ = [
     "reduce_scatter",
     "send",
     "shared_empty",
+    "shrink",
     "size",
     "timeline_events",
     "timeline_now_ns",
@@ -118,6 +120,32 @@ def finalize() -> None:
 
 
 _identity_cache: dict[str, Any] = {}
+
+
+def shrink() -> Group:
+    """Re-forms an elastic job (``tnt-launch --elastic MIN``) after it lost a rank, and returns the new
+    world. Every survivor calls it once a collective has raised ``PeerFailure`` or ``Timeout``: they
+    agree on who is left at the store the launcher holds, and meet again as ranks 0..K-1, in the
+    order of their old ranks. Groups, ``Work`` handles and ``FusedAllreduce`` objects of the old job
+    raise ``TntError`` afterwards; make new ones. Raises ``TntError`` on a rank the others took for
+    lost (it must leave) or after a failure that re-forming would not cure (a mismatch),
+    ``PeerFailure`` where fewer than MIN ranks are left, and ``ValueError`` (``InvalidArgument``)
+    where the job is not elastic or nothing failed."""
+    global _world
+    init()
+    _inflight.clear()
+    _world = None
+    _identity_cache.clear()
+    _core.shrink()
+    return world()
+
+
+def membership() -> tuple[int, list[int]]:
+    """``(generation, members)`` of the job: the generation is 0 until the first ``shrink``;
+    ``members[r]`` is the id of world rank r, its rank in generation 0, kept for life."""
+    init()
+    generation, members = _core.membership()
+    return int(generation), [int(m) for m in members]
 
 
 def _identity() -> dict[str, Any]:

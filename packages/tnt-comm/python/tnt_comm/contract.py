@@ -56,6 +56,9 @@ def rank_from_environment(environ: Mapping[str, str] | None = None) -> int:
 TRANSPORT = "TNT_TRANSPORT"  # auto, shm, tcp or gpi2
 TIMEOUT_S = "TNT_TIMEOUT_S"  # how long a collective may make no progress; "inf": no limit
 START_TIMEOUT_S = "TNT_START_TIMEOUT_S"  # how long the ranks may take to meet
+# The fewest ranks an elastic job may go on with (tnt-launch --elastic MIN); set, the store at
+# MASTER_ADDR/PORT is the launcher's (it outlives every rank) and survivors may re-form the job.
+ELASTIC = "TNT_ELASTIC"
 GPI2_PORT_BASE = "TNT_GPI2_PORT_BASE"  # GPI-2's first port on every host (--transport gpi2)
 FUSION_THRESHOLD_KB = "TNT_FUSION_THRESHOLD_KB"  # the smallest gradient bucket of tnt-keras
 

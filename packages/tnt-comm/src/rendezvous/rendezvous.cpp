@@ -58,9 +58,12 @@ Socket connect_to_peer(const std::string& host, int port, int to, int rank, cons
       // Dropped before it answered: connect again.
     }
     if (Clock::now() >= deadline) {
+      ErrorDetail detail;
+      detail.ranks = {to};
       throw Timeout("rendezvous timed out: rank " + std::to_string(to) +
-                    " did not accept the connection of rank " + std::to_string(rank) + " at " +
-                    host + ":" + std::to_string(port));
+                        " did not accept the connection of rank " + std::to_string(rank) + " at " + host + ":" +
+                        std::to_string(port),
+                    std::move(detail));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -157,7 +160,7 @@ Rendezvous::Rendezvous(const Identity& identity, Deadline deadline)
     : id_(identity),
       deadline_(deadline),
       prefix_(identity.job_id + "/"),
-      server_(identity.rank == 0 ? std::make_unique<StoreServer>(identity.master_addr, identity.master_port, identity.token)
+      server_(identity.rank == 0 && identity.elastic_min == 0 ? std::make_unique<StoreServer>(identity.master_addr, identity.master_port, identity.token)
                                  : nullptr),
       store_(identity.master_addr, identity.master_port, identity.token, deadline) {}
 

@@ -15,7 +15,8 @@ namespace tnt {
 
 class Rendezvous : public Exchange {
  public:
-  // Starts the store on rank 0 and connects to it, retrying until `deadline`.
+  // Starts the store on rank 0 (unless the job is elastic: its launcher holds the store) and
+  // connects to it, retrying until `deadline`.
   Rendezvous(const Identity& identity, Deadline deadline);
   ~Rendezvous() override;
   Rendezvous(const Rendezvous&) = delete;
@@ -36,7 +37,7 @@ class Rendezvous : public Exchange {
   const Identity& id_;
   Deadline deadline_;
   std::string prefix_;
-  std::unique_ptr<StoreServer> server_;  // rank 0 only
+  std::unique_ptr<StoreServer> server_;  // rank 0 of a job that is not elastic only
   StoreClient store_;
 };
 

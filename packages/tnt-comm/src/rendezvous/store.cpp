@@ -19,7 +19,9 @@
 // (a wrong token gets 'R' and the connection is closed). Requests are op(1) + u32 klen + key +
 // u32 vlen + value; replies are u32 length + value, or kRefused + u32 length + a message when the
 // server drops a request it will not serve. Ops: 'S' set, 'G' get (reply held until the key
-// exists), 'T' try-get (reply "0" or "1"+value), 'A' add (value and reply are decimal integers).
+// exists), 'T' try-get (reply "0" or "1"+value), 'A' add (value and reply are decimal integers),
+// 'C' claim (sets the key only where it is absent; the reply is the value it holds after: the first
+// claim's, which is how clients that may race agree on one decision).
 
 namespace tnt {
 namespace {
@@ -170,6 +172,17 @@ void StoreServer::serve() {
       } else if (op == 'T') {
         auto it = data.find(key);
         reply(c, it == data.end() ? std::string("0") : "1" + it->second);
+      } else if (op == 'C') {
+        auto [it, first] = data.emplace(key, value);
+        reply(c, it->second);
+        for (auto w = waiting.begin(); first && w != waiting.end();) {
+          if (w->second == key) {
+            reply(*w->first, value);
+            w = waiting.erase(w);
+          } else {
+            ++w;
+          }
+        }
       } else if (op == 'A') {
         std::int64_t now = 0;
         auto it = data.find(key);
@@ -323,6 +336,10 @@ std::optional<std::string> StoreClient::try_get(const std::string& key) {
   std::string r = request('T', key, "", deadline_after(60));
   if (r.empty() || r[0] != '1') return std::nullopt;
   return r.substr(1);
+}
+
+std::string StoreClient::claim(const std::string& key, const std::string& value) {
+  return request('C', key, value, deadline_after(60));
 }
 
 std::int64_t StoreClient::add(const std::string& key, std::int64_t delta) {

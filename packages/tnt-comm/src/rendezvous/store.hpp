@@ -45,6 +45,8 @@ class StoreClient {
   std::string get(const std::string& key, Deadline deadline);
   std::optional<std::string> try_get(const std::string& key);
   std::int64_t add(const std::string& key, std::int64_t delta);
+  // Sets the key unless it exists; returns the value it holds then (the first claim's).
+  std::string claim(const std::string& key, const std::string& value);
   // Local address of the connection: the address peers on other hosts can reach us at.
   std::string local_ip() const { return sock_.local_ip(); }
 

@@ -191,6 +191,11 @@ void Fabric::fail(FailureKind kind, ErrorDetail detail, const std::string& messa
   doorbell().ring();
 }
 
+ErrorDetail Fabric::failure_detail() const {
+  std::lock_guard<std::mutex> lock(failure_mutex_);
+  return failure_detail_;
+}
+
 namespace {
 
 // The abort frame's text: the kind's digit, then the error's data and message as fields that each

@@ -53,6 +53,8 @@ class Fabric {
   bool same_host(int a, int b) const {
     return nodes_[static_cast<std::size_t>(a)] == nodes_[static_cast<std::size_t>(b)];
   }
+  // The node rank (TNT_NODE_RANK) of a world rank.
+  int node(int rank) const { return nodes_[static_cast<std::size_t>(rank)]; }
   // This rank's shared arena (transport/arena.hpp), or null: no peer on this host, too little
   // /dev/shm, or TNT_SINGLE_COPY=off.
   const std::shared_ptr<SharedArena>& arena() const { return arena_; }
@@ -73,6 +75,9 @@ class Fabric {
   // Records the first failure, wakes every waiter and, if asked, tells every peer (abort frame).
   void fail(FailureKind kind, ErrorDetail detail, const std::string& message, bool tell_peers);
   bool failed() const { return failure_.load(std::memory_order_acquire) != FailureKind::none; }
+  FailureKind failure_kind() const { return failure_.load(std::memory_order_acquire); }
+  // The recorded failure's fields (empty before one).
+  ErrorDetail failure_detail() const;
   // Throws the recorded failure; `call` (operation, group, call number) fills in the call it
   // stopped where the failure itself names none (a peer's connection closed between calls), and
   // `doing` (that call, described) ends the sentence of a peer that left with an error of its own.

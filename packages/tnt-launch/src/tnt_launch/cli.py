@@ -81,6 +81,18 @@ def _non_negative_int(text: str) -> int:
     return int(text)
 
 
+def _elastic(text: str) -> int:
+    """--elastic MIN: the fewest ranks the job may go on with (at least 1)."""
+    if ":" in text:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: --elastic takes MIN only; a MAX (replacement ranks that join a running job) "
+            "is not supported yet"
+        )
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected the fewest ranks to go on with, a whole number >= 1, got {text!r}")
+    return int(text)
+
+
 def _timeout(text: str) -> float:
     """--timeout: a positive number of seconds; `inf`, `infinity` or anything >= FOREVER_S means
     no timeout at all and becomes math.inf."""
@@ -190,6 +202,12 @@ def _runtime_options(parser: argparse.ArgumentParser) -> None:
                          help="give up when the ranks have not all started and met within SECONDS; "
                               "'inf' waits forever (default: the library's, the collective timeout "
                               "but at least 60 s)")
+    runtime.add_argument("--elastic", dest="elastic_min", type=_elastic, metavar="MIN",
+                         help="keep the job going when ranks are lost (killed, their host gone), as "
+                              "long as MIN ranks are left: the survivors re-form the job and a "
+                              "tnt-keras fit goes on, still equal to serial training. tnt-launch "
+                              "then holds the job's rendezvous store itself (default: the job ends "
+                              "with its first lost rank)")
     runtime.add_argument("-x", dest="exports", action="extend", nargs="+", default=[],
                          metavar="KEY=VALUE",
                          help="export KEY=VALUE (or KEY with its current value) to every rank; "
@@ -258,6 +276,11 @@ def _check_combinations(args: argparse.Namespace, command: Sequence[str]) -> Non
         raise UsageError("--dry-run cannot be combined with --cleanup")
     if not command and not args.cleanup:
         raise UsageError(f"no script given: {USAGE}")
+    if args.elastic_min is not None and args.transport == "gpi2":
+        raise UsageError("--elastic runs over shm and tcp (--transport auto, shm or tcp): GPI-2 starts "
+                         "once per process, so a job over it cannot re-form")
+    if args.elastic_min is not None and args.nprocs is not None and args.elastic_min > args.nprocs:
+        raise UsageError(f"--elastic {args.elastic_min} asks for more ranks than -n {args.nprocs} starts")
     if args.transport == "gpi2" and not args.cleanup:
         info = check_build.comm_info()
         if info is not None and "gpi2" not in info["transports"]:
@@ -343,6 +366,7 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
         fusion_threshold_kb=args.fusion_threshold_kb,
         timeout_s=args.timeout_s,
         start_timeout_s=args.start_timeout_s,
+        elastic_min=args.elastic_min,
         transport=args.transport,
         exports=exports,
         python_interpreter=interpreter,

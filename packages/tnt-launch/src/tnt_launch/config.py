@@ -53,6 +53,8 @@ class LaunchConfig:
     """Seconds a collective may make no progress; math.inf: never time out; None: the library's."""
     start_timeout_s: float | None = None
     """Seconds the ranks may take to meet at start; math.inf: no limit; None: the library's."""
+    elastic_min: int | None = None
+    """--elastic MIN: the job goes on while MIN ranks are left; None: it ends with its first lost rank."""
     transport: str = "auto"
     exports: tuple[tuple[str, str], ...] = ()
     python_interpreter: tuple[str, ...] = ()

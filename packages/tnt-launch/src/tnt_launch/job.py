@@ -17,6 +17,7 @@ from tnt_launch.config import LaunchConfig, LaunchError, UsageError
 from tnt_launch.display import render_plan, write_plan
 from tnt_launch.hosts import Host, Placement, resolve_hosts
 from tnt_launch.plan import HostFacts, JobIdentity, Plan, build_plan, gpi2_sockets
+from tnt_launch.store import ElasticStore
 from tnt_launch.supervise import Supervisor
 
 PROBE_TIMEOUT_S = 60.0
@@ -34,10 +35,14 @@ def run(config: LaunchConfig) -> int:
     if not config.dry_run:
         command.check_script(config, placement.hosts)
     facts, port, assumed = probe(config, placement, ways)
-    job_id = secrets.token_hex(6)
+    job_id, token = secrets.token_hex(6), secrets.token_hex(16)
+    store, store_addr = _elastic_store(config, placement.hosts, job_id, token)
     reservation = gpi2.reserve(config.transport, job_id, gpi2_sockets(config, placement.hosts, facts, os.environ))
     try:
-        identity = JobIdentity(job_id, secrets.token_hex(16), port, reservation.port_base, reservation.machinefile)
+        identity = JobIdentity(
+            job_id, token, port if store is None else store.port, reservation.port_base, reservation.machinefile,
+            master_addr=store_addr,
+        )
         plan = build_plan(
             config, placement.hosts, facts, identity, os.environ, stdout_tty=_stdout_is_tty(),
             launcher=placement.launcher, cpus_per_task=allocated,
@@ -48,9 +53,28 @@ def run(config: LaunchConfig) -> int:
             return 0
         _prepare_outputs(config, plan)
         reservation.write(plan.gpi2_machines)
-        return _run(config, plan, ways)
+        return _run(config, plan, ways, store)
     finally:
         reservation.release()
+        if store is not None:
+            store.close()
+
+
+def _elastic_store(config: LaunchConfig, hosts: Sequence[Host], job_id: str, token: str) -> tuple[ElasticStore | None, str | None]:
+    """The store of an elastic job, which tnt-launch holds so that it outlives every rank, and the
+    address the ranks reach it at; (None, None) for other jobs (rank 0 holds theirs) and dry runs."""
+    if config.elastic_min is None or config.dry_run:
+        return None, None
+    if all(h.local for h in hosts):
+        return ElasticStore("127.0.0.1", 0, token, job_id), "127.0.0.1"
+    here = next((h for h in hosts if h.local), None)
+    if here is None:
+        raise LaunchError(
+            "--elastic: tnt-launch holds the job's rendezvous store, so that it outlives every rank, and "
+            "so it must run on one of the job's hosts (list this host in the hostfile, or start "
+            "tnt-launch on the first host)"
+        )
+    return ElasticStore("0.0.0.0", 0, token, job_id), here.name
 
 
 def probe(config: LaunchConfig, placement: Placement, ways: starters.Ways) -> tuple[dict[str, HostFacts], int, list[str]]:
@@ -114,7 +138,7 @@ def _prepare_outputs(config: LaunchConfig, plan: Plan) -> None:
         raise UsageError(f"--timeline {path}: the folder {folder} cannot be written by this user; choose another place")
 
 
-def _run(config: LaunchConfig, plan: Plan, ways: starters.Ways) -> int:
+def _run(config: LaunchConfig, plan: Plan, ways: starters.Ways, store: ElasticStore | None = None) -> int:
     """Starts and supervises the ranks, registered on this host while they run; tidies up after."""
     registry = jobs.registry_dir(jobs.registry_override())
     entry = jobs.write_entry(
@@ -130,7 +154,7 @@ def _run(config: LaunchConfig, plan: Plan, ways: starters.Ways) -> int:
             "gpi2_port_base": plan.gpi2_port_base,
         },
     )
-    supervisor = Supervisor(plan, config, ways)
+    supervisor = Supervisor(plan, config, ways, store=store)
     try:
         return supervisor.run()
     finally:

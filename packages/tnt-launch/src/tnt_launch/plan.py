@@ -115,6 +115,8 @@ class JobIdentity:
     """TNT_GPI2_PORT_BASE picked for --transport gpi2; None leaves the choice to tnt-comm."""
     gpi2_machinefile: str | None = None
     """Where the launcher writes the GPI-2 machinefile; needed for --transport gpi2."""
+    master_addr: str | None = None
+    """Where the store listens when it is not rank 0's: an elastic job's, which tnt-launch holds."""
 
 
 @dataclass(frozen=True)
@@ -365,9 +367,11 @@ def build_plan(
     launcher = launcher or ("local" if all(h.local for h in hosts) else "ssh")
     per_gpu = _ranks_per_gpu(config)
     counts = [_ranks_per_host(config, h, facts[h.name]) for h in hosts]
+    if config.elastic_min is not None and config.elastic_min > sum(counts):
+        raise PlanError(f"--elastic {config.elastic_min} asks for more ranks than the job's {sum(counts)}")
     warnings, notes = ([], []) if config.no_gpu else _gpu_shortage(hosts, counts, facts, per_gpu)
     use_gpus = not config.no_gpu and not warnings and not notes
-    master_addr = _master_addr(hosts)
+    master_addr = identity.master_addr or _master_addr(hosts)
     user_set = _user_set(config, environ)
     log_level = next((v.strip().upper() for n, v in reversed(config.exports) if n == contract.LOG_LEVEL),
                      config.log_level)
@@ -502,6 +506,8 @@ class _JobEnv:
         )
         if self.gpi2_envs:
             env.update(self.gpi2_envs[rank])
+        if config.elastic_min is not None:
+            env[contract.ELASTIC] = str(config.elastic_min)
         if config.fusion_threshold_kb is not None:
             env[contract.FUSION_THRESHOLD_KB] = str(config.fusion_threshold_kb)
         if config.timeout_s is not None:

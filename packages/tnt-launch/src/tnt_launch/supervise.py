@@ -44,6 +44,7 @@ from tnt_launch.rank_run import (
     signal_name,
 )
 from tnt_launch.starters import RankStarter
+from tnt_launch.store import ElasticStore
 
 _HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
 STATE_WAIT_S = 3.0
@@ -68,8 +69,13 @@ class Supervisor:
         out: BinaryIO | None = None,
         err: BinaryIO | None = None,
         grace: float = jobs.GRACE_S,
+        store: ElasticStore | None = None,
     ) -> None:
         self.plan = plan
+        self.store = store
+        """An elastic job's store (--elastic), where lost ranks are marked; None: not elastic."""
+        self.lost: list[RankRun] = []
+        """Ranks of an elastic job that ended with a failure while enough others went on."""
         self.config = config
         self.starters = starters
         self.output = Output(out or sys.stdout.buffer, err or sys.stderr.buffer)
@@ -252,15 +258,31 @@ class Supervisor:
         run.failed_on_its_own = True
         if run.heard_at is None:
             run.heard_at = time.monotonic()
+        if self.first_failure is None and self._goes_on_without(run):
+            return
         if self.first_failure is None:
             self.first_failure = run
             self._check_states()
 
+    def _goes_on_without(self, run: RankRun) -> bool:
+        """An elastic job that still has enough ranks loses `run` and goes on: the store says so, so
+        that the survivors, which re-form the job there, need not wait for every one to notice."""
+        config = self.config
+        if self.store is None or config.elastic_min is None or self.stopping:
+            return False
+        left = sum(1 for r in self.runs if r.running) + len(self.pending)
+        if left < config.elastic_min:
+            return False
+        self.lost.append(run)
+        how = self._describe_failure(run)
+        self.store.mark_lost(run.spec.rank, f"tnt-launch saw it end: {how}")
+        self._say(f"{self._where(run)} is lost: it {how}; the job goes on with {left} rank(s) (--elastic {config.elastic_min})")
+        return True
     def _check_reports(self, now: float) -> None:
         """Starts failing the job for a rank that reported the error it ends with FATAL_GRACE_S ago
         and has not exited yet (its exit status comes later, for the summary)."""
-        if self.first_failure is not None or self.stopping:
-            return
+        if self.first_failure is not None or self.stopping or self.store is not None:
+            return  # an elastic job decides when a rank that reported its error exits
         for run in self.runs:
             if run.running and run.error_at is not None and now - run.error_at >= FATAL_GRACE_S:
                 self.first_failure = run
@@ -541,6 +563,12 @@ class Supervisor:
             )
         else:
             code = 0
+            if self.lost:
+                lost = "; ".join(f"{self._where(r)} {self._describe_failure(r)}" for r in self.lost)
+                self._say(
+                    f"job {self.plan.job_id} finished on {len(self.runs) - len(self.lost)} of {len(self.runs)} "
+                    f"rank(s); lost on the way: {lost}"
+                )
         for host in self.silent_hosts:
             ranks = [r.spec.rank for r in self.silent if r.spec.host == host]
             self._say(

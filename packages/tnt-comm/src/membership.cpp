@@ -1,0 +1,113 @@
+#include "membership.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+#include "rendezvous/store.hpp"
+#include "tnt_comm/types.hpp"
+
+namespace tnt {
+namespace {
+
+// Store keys (under "<job_base>/elastic/"): "lost/<id>" for life, the rest per generation.
+std::string key(const std::string& job_base, const std::string& rest) { return job_base + "/elastic/" + rest; }
+std::string gen_key(const std::string& job_base, int generation, const std::string& rest) {
+  return key(job_base, "g" + std::to_string(generation) + "/" + rest);
+}
+
+// "id:node,id:node" <-> Generation.
+std::string encode(const Generation& m) {
+  std::string out;
+  for (std::size_t i = 0; i < m.ids.size(); ++i) {
+    out += (i ? "," : "") + std::to_string(m.ids[i]) + ":" + std::to_string(m.nodes[i]);
+  }
+  return out;
+}
+
+Generation decode(const std::string& text, int generation) {
+  Generation m;
+  m.generation = generation;
+  std::istringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    const std::size_t colon = item.find(':');
+    m.ids.push_back(std::stoi(item.substr(0, colon)));
+    m.nodes.push_back(std::stoi(item.substr(colon + 1)));
+  }
+  return m;
+}
+
+StoreClient connect(const Identity& identity) {
+  return StoreClient(identity.master_addr, identity.master_port, identity.token, deadline_after(10));
+}
+
+}  // namespace
+
+void report_lost(const Identity& identity, const std::string& job_base, const std::vector<int>& ids,
+                 const std::string& why) {
+  StoreClient store = connect(identity);
+  for (int id : ids) store.claim(key(job_base, "lost/" + std::to_string(id)), why);
+}
+
+Generation agree_on_survivors(const Identity& identity, const std::string& job_base, const Generation& now,
+                           const std::vector<int>& lost_ranks, Deadline deadline) {
+  const int me = now.ids[static_cast<std::size_t>(identity.rank)];
+  StoreClient store = connect(identity);
+  const std::string next_key = gen_key(job_base, now.generation, "next");
+  for (int r : lost_ranks) {
+    if (r == identity.rank || r < 0 || r >= static_cast<int>(now.ids.size())) continue;
+    store.claim(key(job_base, "lost/" + std::to_string(now.ids[static_cast<std::size_t>(r)])),
+                "rank " + std::to_string(identity.rank) + " of generation " + std::to_string(now.generation) +
+                    " saw it fail");
+  }
+  store.set(gen_key(job_base, now.generation, "alive/" + std::to_string(me)), std::to_string(identity.node_rank));
+
+  std::optional<std::string> decided;
+  while (!(decided = store.try_get(next_key))) {
+    Generation proposal;
+    proposal.generation = now.generation + 1;
+    bool settled = true;  // every member said it is alive, or is known lost
+    for (int id : now.ids) {
+      const bool lost = store.try_get(key(job_base, "lost/" + std::to_string(id))).has_value();
+      const auto alive = store.try_get(gen_key(job_base, now.generation, "alive/" + std::to_string(id)));
+      if (alive && !lost) {
+        proposal.ids.push_back(id);
+        proposal.nodes.push_back(std::stoi(*alive));
+      }
+      settled = settled && (alive || lost);
+    }
+    if (settled || Clock::now() >= deadline) {
+      decided = store.claim(next_key, encode(proposal));
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return decode(*decided, now.generation + 1);
+}
+
+Identity identity_in(const Identity& identity, const std::string& job_base, const Generation& next, int id) {
+  Identity out = identity;
+  const auto at = std::find(next.ids.begin(), next.ids.end(), id);
+  out.rank = static_cast<int>(at - next.ids.begin());
+  out.size = static_cast<int>(next.ids.size());
+  out.local_rank = 0;
+  out.local_size = 0;
+  for (std::size_t r = 0; r < next.ids.size(); ++r) {
+    if (next.nodes[r] != identity.node_rank) continue;
+    if (static_cast<int>(r) < out.rank) ++out.local_rank;
+    ++out.local_size;
+  }
+  out.job_id = job_base + "-g" + std::to_string(next.generation);
+  return out;
+}
+
+std::string describe(const Generation& members) {
+  std::string ids;
+  for (std::size_t i = 0; i < members.ids.size(); ++i) ids += (i ? ", " : "") + std::to_string(members.ids[i]);
+  return "generation " + std::to_string(members.generation) + ": members " + (ids.empty() ? "none" : ids);
+}
+
+}  // namespace tnt

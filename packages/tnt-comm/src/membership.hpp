@@ -1,0 +1,44 @@
+// Who the ranks of an elastic job are, generation by generation, and how the survivors of a lost
+// rank agree on the next generation at the job's store (which the launcher holds: it outlives every
+// rank). Runtime::shrink (runtime.hpp) uses it between tearing the old job down and meeting anew.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "common.hpp"
+#include "tnt_comm/identity.hpp"
+
+namespace tnt {
+
+// One generation of an elastic job. A member keeps its id for life: the rank it had in generation
+// 0 (the launcher's TNT_RANK); its rank in a generation is its place in `ids`.
+struct Generation {
+  int generation = 0;
+  std::vector<int> ids;    // by rank
+  std::vector<int> nodes;  // TNT_NODE_RANK, by rank: which members share a host
+};
+
+// The survivors' agreement on the next generation, at the store of `identity` under the keys of
+// the job `job_base` (generation 0's TNT_JOB_ID):
+//  - each survivor says it is alive (with its node) and which members it saw fail (`lost_ranks`,
+//    ranks of `now`); the launcher adds every member whose process ended;
+//  - once every member of `now` is alive or lost, or at `deadline`, any survivor proposes the
+//    members alive and not lost, and the store keeps the first proposal (a claim): every survivor
+//    gets the same answer, also one that saw less.
+// Returns the next generation; it may leave this rank out (a rank that was taken for lost).
+Generation agree_on_survivors(const Identity& identity, const std::string& job_base, const Generation& now,
+                           const std::vector<int>& lost_ranks, Deadline deadline);
+
+// Marks members lost at the job's store (the launcher does so for processes that ended).
+void report_lost(const Identity& identity, const std::string& job_base, const std::vector<int>& ids,
+                 const std::string& why);
+
+// This member's identity in `next`: its rank, the ranks of its host, and the generation's job id,
+// which names the rendezvous keys and shared-memory files apart from those of earlier generations.
+Identity identity_in(const Identity& identity, const std::string& job_base, const Generation& next, int id);
+
+// "generation 2: members 0, 1, 3" (for messages).
+std::string describe(const Generation& members);
+
+}  // namespace tnt
