@@ -607,6 +607,13 @@ def bench_cluster(session: nox.Session) -> None:
 
 
 @nox.session(default=False)
+def bench_elastic(session: nox.Session) -> None:
+    """Elastic tnt-comm: recovery time after a killed rank, and TNT_ELASTIC's steady-state cost."""
+    install_comm(session)
+    session.run("python", str(ROOT / "benchmarks" / "elastic.py"), *session.posargs, env={"PYTHONUNBUFFERED": "1"})
+
+
+@nox.session(default=False)
 def bench_training(session: nox.Session) -> None:
     """LeNet-5, ResNet-50 and a Transformer: samples/s of plain Keras, tnt, MWMS; docs/training.png."""
     install_comm(session)

@@ -124,6 +124,51 @@ def test_cut_link_ends_the_job_naming_the_host(cluster: Cluster, transport: str,
         assert_gone(cluster, str(script), shm_before, within=20)
 
 
+ELASTIC_LOOP = r"""
+import json, sys, time, numpy as np, tnt_comm as tc
+
+i = 0
+while i < 300:
+    try:
+        n = tc.size()
+        got = tc.allreduce(np.full(1 << 14, tc.rank() + 1 + i, np.float32))
+        assert np.all(got == n * (n + 1) / 2 + n * i), (got[:2], n, i)
+        i += 1
+    except (tc.PeerFailure, tc.Timeout):
+        tc.shrink()
+        i = int(tc.allreduce(np.array([i], np.int64), op="min")[0])
+    if i == 30 and tc.membership() == (0, list(range(6))) and tc.rank() == 0:
+        open(sys.argv[1], "w").close()
+    time.sleep(0.01)
+print("RESULT", json.dumps(tc.membership()), flush=True)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_elastic_job_goes_on_without_a_cut_host(cluster: Cluster, tmp_path: Path) -> None:
+    """--elastic 2: host 1 loses its link mid-job. The ranks on hosts 0 and 2 time out (2 s), agree
+    at the store tnt-launch holds on host 0 to go on without ranks 2 and 3, and finish their 300
+    allreduces, each checked exactly; tnt-launch exits 0 naming the host it went on without, and the
+    ranks behind the cut end at their own timeout, leaving nothing."""
+    shm_before = tnt_shm(cluster)
+    args = ("--elastic", "2", "--timeout", "2", "--output-on-all-devices")
+    with loop_job(cluster, tmp_path, *args, code=ELASTIC_LOOP) as (proc, script):
+        try:
+            cut = time.monotonic()
+            cluster.cut(1)
+            out, err = proc.communicate(timeout=120)
+            took = time.monotonic() - cut
+        finally:
+            cluster.reconnect(1)
+        assert proc.returncode == 0, err[-3000:]
+        for rank in (0, 1, 4, 5):
+            assert f"[rank {rank}] RESULT [1, [0, 1, 4, 5]]" in out, (out[-2000:], err[-3000:])
+        for rank in (2, 3):
+            assert re.search(rf"rank {rank} \(host 198\.18\.0\.2, local rank {rank - 2}\) is (left out|lost)", err), err
+        print(f"the job finished {took:.1f} s after the cut")
+        assert_gone(cluster, str(script), shm_before, within=30)
+
+
 def registry(cluster: Cluster, host: int) -> list[str]:
     """The entries of the tnt-launch job registry of ``host`` (each host has its own)."""
     folder = cluster.path(host, f"/tmp/tnt-launch-{os.getuid()}")

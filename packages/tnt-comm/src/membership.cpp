@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
+#include <set>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -46,40 +48,71 @@ StoreClient connect(const Identity& identity) {
 
 }  // namespace
 
-void report_lost(const Identity& identity, const std::string& job_base, const std::vector<int>& ids,
-                 const std::string& why) {
-  StoreClient store = connect(identity);
-  for (int id : ids) store.claim(key(job_base, "lost/" + std::to_string(id)), why);
+namespace {
+
+// What a survivor says at the store: "<node>;<id>,<id>": its host, and the members it saw fail.
+struct Said {
+  int node = 0;
+  std::set<int> accused;
+};
+
+Said parse_said(const std::string& text) {
+  Said said;
+  const std::size_t semi = text.find(';');
+  said.node = std::stoi(text.substr(0, semi));
+  std::istringstream in(semi == std::string::npos ? std::string() : text.substr(semi + 1));
+  std::string id;
+  while (std::getline(in, id, ',')) {
+    if (!id.empty()) said.accused.insert(std::stoi(id));
+  }
+  return said;
 }
 
+}  // namespace
+
 Generation agree_on_survivors(const Identity& identity, const std::string& job_base, const Generation& now,
-                           const std::vector<int>& lost_ranks, Deadline deadline) {
+                              const std::vector<int>& lost_ranks, Deadline deadline) {
   const int me = now.ids[static_cast<std::size_t>(identity.rank)];
   StoreClient store = connect(identity);
   const std::string next_key = gen_key(job_base, now.generation, "next");
+  std::string said = std::to_string(identity.node_rank) + ";";
   for (int r : lost_ranks) {
     if (r == identity.rank || r < 0 || r >= static_cast<int>(now.ids.size())) continue;
-    store.claim(key(job_base, "lost/" + std::to_string(now.ids[static_cast<std::size_t>(r)])),
-                "rank " + std::to_string(identity.rank) + " of generation " + std::to_string(now.generation) +
-                    " saw it fail");
+    said += std::to_string(now.ids[static_cast<std::size_t>(r)]) + ",";
   }
-  store.set(gen_key(job_base, now.generation, "alive/" + std::to_string(me)), std::to_string(identity.node_rank));
+  store.set(gen_key(job_base, now.generation, "alive/" + std::to_string(me)), said);
 
   std::optional<std::string> decided;
   while (!(decided = store.try_get(next_key))) {
-    Generation proposal;
-    proposal.generation = now.generation + 1;
-    bool settled = true;  // every member said it is alive, or is known lost
+    // Who said what: members alive (with what they accuse), and members whose process ended.
+    std::map<int, Said> alive;
+    std::set<int> ended, accused;
     for (int id : now.ids) {
-      const bool lost = store.try_get(key(job_base, "lost/" + std::to_string(id))).has_value();
-      const auto alive = store.try_get(gen_key(job_base, now.generation, "alive/" + std::to_string(id)));
-      if (alive && !lost) {
-        proposal.ids.push_back(id);
-        proposal.nodes.push_back(std::stoi(*alive));
+      if (store.try_get(key(job_base, "lost/" + std::to_string(id)))) ended.insert(id);
+      if (auto text = store.try_get(gen_key(job_base, now.generation, "alive/" + std::to_string(id)))) {
+        alive[id] = parse_said(*text);
+        accused.insert(alive[id].accused.begin(), alive[id].accused.end());
       }
-      settled = settled && (alive || lost);
     }
+    // Settled once every member said it is alive, ended, or was seen failing by a member alive.
+    bool settled = true;
+    for (int id : now.ids) settled = settled && (alive.count(id) || ended.count(id) || accused.count(id));
     if (settled || Clock::now() >= deadline) {
+      // In rank order, each member alive whose process did not end, unless it and a member taken
+      // before accuse each other: two sides that lost each other (a cut link) do not both go on,
+      // and the side of the lowest rank does.
+      Generation proposal;
+      proposal.generation = now.generation + 1;
+      for (int id : now.ids) {
+        if (!alive.count(id) || ended.count(id)) continue;
+        bool clash = false;
+        for (int taken : proposal.ids) {
+          clash = clash || alive[taken].accused.count(id) || alive[id].accused.count(taken);
+        }
+        if (clash) continue;
+        proposal.ids.push_back(id);
+        proposal.nodes.push_back(alive[id].node);
+      }
       decided = store.claim(next_key, encode(proposal));
       break;
     }

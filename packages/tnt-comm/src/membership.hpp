@@ -22,17 +22,15 @@ struct Generation {
 // The survivors' agreement on the next generation, at the store of `identity` under the keys of
 // the job `job_base` (generation 0's TNT_JOB_ID):
 //  - each survivor says it is alive (with its node) and which members it saw fail (`lost_ranks`,
-//    ranks of `now`); the launcher adds every member whose process ended;
-//  - once every member of `now` is alive or lost, or at `deadline`, any survivor proposes the
-//    members alive and not lost, and the store keeps the first proposal (a claim): every survivor
-//    gets the same answer, also one that saw less.
+//    ranks of `now`); the launcher marks every member whose process ended;
+//  - once every member of `now` is alive, ended or seen failing by a member alive, or at
+//    `deadline`, any survivor proposes, in rank order, the members alive whose process did not
+//    end, leaving out one that a member taken before accuses or is accused by (of two sides that
+//    lost each other, the side of the lowest rank goes on); the store keeps the first proposal
+//    (a claim), so every survivor gets the same answer, also one that saw less.
 // Returns the next generation; it may leave this rank out (a rank that was taken for lost).
 Generation agree_on_survivors(const Identity& identity, const std::string& job_base, const Generation& now,
                            const std::vector<int>& lost_ranks, Deadline deadline);
-
-// Marks members lost at the job's store (the launcher does so for processes that ended).
-void report_lost(const Identity& identity, const std::string& job_base, const std::vector<int>& ids,
-                 const std::string& why);
 
 // This member's identity in `next`: its rank, the ranks of its host, and the generation's job id,
 // which names the rendezvous keys and shared-memory files apart from those of earlier generations.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -67,14 +68,18 @@ def _elastic_store(config: LaunchConfig, hosts: Sequence[Host], job_id: str, tok
         return None, None
     if all(h.local for h in hosts):
         return ElasticStore("127.0.0.1", 0, token, job_id), "127.0.0.1"
-    here = next((h for h in hosts if h.local), None)
-    if here is None:
+    # The address of this host on its route to the others: what they reach it at.
+    other = next(h for h in hosts if not h.local)
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as route:
+            route.connect((other.name, 9))  # no packet is sent: this only picks the route
+            address = route.getsockname()[0]
+    except OSError as e:
         raise LaunchError(
-            "--elastic: tnt-launch holds the job's rendezvous store, so that it outlives every rank, and "
-            "so it must run on one of the job's hosts (list this host in the hostfile, or start "
-            "tnt-launch on the first host)"
-        )
-    return ElasticStore("0.0.0.0", 0, token, job_id), here.name
+            f"--elastic: tnt-launch holds the job's rendezvous store, and finds no route from this host "
+            f"to {other.name} to offer it on ({e.strerror or e})"
+        ) from None
+    return ElasticStore("0.0.0.0", 0, token, job_id), address
 
 
 def probe(config: LaunchConfig, placement: Placement, ways: starters.Ways) -> tuple[dict[str, HostFacts], int, list[str]]:

@@ -49,6 +49,7 @@ class ElasticStore:
         self._waiting: list[tuple[_Client, bytes]] = []
         self._clients: dict[int, _Client] = {}
         self._marks: list[tuple[bytes, bytes]] = []
+        self._decisions: list[tuple[int, list[int]]] = []
         self._lock = threading.Lock()
         self._listener = socket.create_server((host, port), backlog=128, reuse_port=False)
         self._listener.setblocking(False)
@@ -66,6 +67,13 @@ class ElasticStore:
         with self._lock:
             self._marks.append(((self._prefix + f"lost/{rank}").encode(), why.encode()[:4096]))
         os.write(self._wake_w, b"m")
+
+    def take_decisions(self) -> list[tuple[int, list[int]]]:
+        """The generations the survivors agreed on since the last call: (generation, the member ids,
+        which are generation 0's ranks, in their new rank order)."""
+        with self._lock:
+            decisions, self._decisions = self._decisions, []
+        return decisions
 
     def close(self) -> None:
         self._stop = True
@@ -198,6 +206,7 @@ class ElasticStore:
         elif op == b"C":
             if key not in self._data:
                 self._set(key, value)
+                self._note_decision(key, value)
             self._reply(client, self._data[key])
         elif op == b"G":
             if key in self._data:
@@ -223,6 +232,19 @@ class ElasticStore:
         self._waiting = [(c, k) for c, k in self._waiting if k != key]
         for waiter in ready:
             self._reply(waiter, value)
+
+    def _note_decision(self, key: bytes, value: bytes) -> None:
+        """A claim of "<job>/elastic/g<N>/next" is generation N+1's members ("id:node,...")."""
+        name = key.decode(errors="replace")
+        if not (name.startswith(self._prefix + "g") and name.endswith("/next")):
+            return
+        try:
+            generation = int(name[len(self._prefix) + 1 : -len("/next")]) + 1
+            members = [int(item.split(":")[0]) for item in value.decode().split(",") if item]
+        except ValueError:
+            return
+        with self._lock:
+            self._decisions.append((generation, members))
 
     def _apply_marks(self) -> None:
         with self._lock:

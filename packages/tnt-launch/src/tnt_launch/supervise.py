@@ -54,6 +54,9 @@ them anyway."""
 # After a rank reports the error it ends with it is about to exit, but TensorFlow's teardown can take
 # seconds: the job starts failing FATAL_GRACE_S after such a report even while the rank still runs.
 FATAL_GRACE_S = 1.0
+# A rank an elastic job re-formed without is most often dead, its exit not heard yet: it is told to
+# stop (and named as left out) only if it still runs this long after.
+LEFT_OUT_S = 2.0
 _ranks = blame.ranks_text
 
 
@@ -75,7 +78,10 @@ class Supervisor:
         self.store = store
         """An elastic job's store (--elastic), where lost ranks are marked; None: not elastic."""
         self.lost: list[RankRun] = []
-        """Ranks of an elastic job that ended with a failure while enough others went on."""
+        """Ranks of an elastic job that ended with a failure, or were left out, while enough others went on."""
+        self.left_out: dict[int, tuple[float, int, list[int]]] = {}
+        """Ranks an elastic job re-formed without while they still ran: when that was heard, and the
+        generation (number, members) that left them out."""
         self.config = config
         self.starters = starters
         self.output = Output(out or sys.stdout.buffer, err or sys.stderr.buffer)
@@ -258,7 +264,7 @@ class Supervisor:
         run.failed_on_its_own = True
         if run.heard_at is None:
             run.heard_at = time.monotonic()
-        if self.first_failure is None and self._goes_on_without(run):
+        if run in self.lost or (self.first_failure is None and self._goes_on_without(run)):
             return
         if self.first_failure is None:
             self.first_failure = run
@@ -278,6 +284,36 @@ class Supervisor:
         self.store.mark_lost(run.spec.rank, f"tnt-launch saw it end: {how}")
         self._say(f"{self._where(run)} is lost: it {how}; the job goes on with {left} rank(s) (--elastic {config.elastic_min})")
         return True
+    def _check_generations(self, now: float) -> None:
+        """Stops the ranks an elastic job re-formed without while they still run (a stopped rank, a
+        host behind a cut link): they are out of the job. A rank that was left out because it died
+        ends within LEFT_OUT_S, and is lost as any rank that ends; one still running then is told to
+        stop, and an agent that cannot be reached is dropped after the grace period, its host named
+        in the summary."""
+        if self.store is None:
+            return
+        for generation, members in self.store.take_decisions():
+            for run in self.runs:
+                if run.running and run.spec.rank not in members and run.spec.rank not in self.left_out:
+                    self.left_out[run.spec.rank] = (now, generation, members)
+        for run in self.runs:
+            left = self.left_out.get(run.spec.rank)
+            if left is None or not run.running:
+                continue
+            seen, generation, members = left
+            if run not in self.lost and now - seen >= LEFT_OUT_S:
+                self.lost.append(run)
+                self._say(f"{self._where(run)} is left out of the job, which re-formed without it "
+                          f"(generation {generation}: {_ranks(members)}); stopping it")
+                run.send(b"T")
+            elif run in self.lost and now - seen > LEFT_OUT_S + self.grace + 3.0:
+                if self._starter(run).unreachable(run):
+                    self.silent.append(run)
+                run.kill()
+                run.status = RankStatus(None, error="did not answer")
+                for stream in run.streams:
+                    self._close_stream(stream)
+
     def _check_reports(self, now: float) -> None:
         """Starts failing the job for a rank that reported the error it ends with FATAL_GRACE_S ago
         and has not exited yet (its exit status comes later, for the summary)."""
@@ -385,6 +421,7 @@ class Supervisor:
 
     def _check_deadlines(self) -> None:
         now = time.monotonic()
+        self._check_generations(now)
         self._check_reports(now)
         if self.check_until is not None and (
             now >= self.check_until or (self._states_known() and self._leads_heard(now))
@@ -577,7 +614,8 @@ class Supervisor:
                 "there: they end at their own tnt-comm timeout, or with `tnt-launch --cleanup` once "
                 "the host is back"
             )
-            code = code or 1
+            # An elastic job that went on without the host and finished succeeded.
+            code = code or (0 if self.store is not None and failure is None and self.received_signal is None else 1)
         if self.abandoned:
             names = ", ".join(str(r.spec.rank) for r in self.abandoned)
             self._say(

@@ -1,0 +1,123 @@
+"""What an elastic tnt-comm job costs: the recovery time after a rank is killed (from its death to
+the survivors' first collective in the re-formed job) and the steady-state cost of TNT_ELASTIC on an
+allreduce loop, each against the same job without it, in one run.
+
+    python benchmarks/elastic.py [--ranks 4] [--trials 5]      (nox -s bench_elastic)
+
+Each trial starts N ranks over shared memory (one host) or TCP (every rank a host of its own) with
+`python -m tnt_comm.store` as the store that outlives them. Rank N-1 kills itself (SIGKILL) after
+writing the time; every survivor notes when its first allreduce after `tnt_comm.shrink()` returned.
+Recovery is the last survivor's time minus the death. Medians over the trials are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+RANK = r"""
+import json, os, signal, sys, time, numpy as np, tnt_comm as tc
+out, kill, calls = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3])
+x = np.ones(1 << 16, np.float32)
+member = tc.rank()
+for _ in range(20):
+    tc.allreduce(x)
+t0 = time.perf_counter()
+for _ in range(calls):
+    tc.allreduce(x)
+per_call = (time.perf_counter() - t0) / calls
+if kill and member == tc.size() - 1:
+    open(out + ".death", "w").write(repr(time.time()))
+    os.kill(os.getpid(), signal.SIGKILL)
+recovered = None
+if kill:
+    try:
+        while True:
+            tc.allreduce(x)
+    except (tc.PeerFailure, tc.Timeout):
+        tc.shrink()
+        tc.allreduce(x)
+        recovered = time.time()
+open(f"{out}.{member}", "w").write(json.dumps({"per_call": per_call, "recovered": recovered}))
+"""
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def trial(n: int, transport: str, elastic: bool, kill: bool, calls: int, folder: Path) -> dict[str, float]:
+    token, job = secrets.token_hex(16), secrets.token_hex(6)
+    script = folder / "rank.py"
+    script.write_text(RANK)
+    out = folder / job
+    store = None
+    if elastic:
+        store = subprocess.Popen([sys.executable, "-m", "tnt_comm.store", "--host", "127.0.0.1"],
+                                 env={**os.environ, "TNT_JOB_TOKEN": token}, stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True)
+        assert store.stdout is not None
+        port = int(store.stdout.readline())
+    else:
+        port = free_port()
+    procs = []
+    for r in range(n):
+        env = {**os.environ, "TNT_RANK": str(r), "TNT_SIZE": str(n), "TNT_MASTER_ADDR": "127.0.0.1",
+               "TNT_MASTER_PORT": str(port), "TNT_JOB_ID": job, "TNT_JOB_TOKEN": token,
+               "TNT_NODE_RANK": str(r if transport == "tcp" else 0),
+               "TNT_LOCAL_RANK": str(0 if transport == "tcp" else r),
+               "TNT_LOCAL_SIZE": str(1 if transport == "tcp" else n), "TNT_TIMEOUT_S": "30",
+               "OMP_NUM_THREADS": "1"}
+        if elastic:
+            env["TNT_ELASTIC"] = "1"
+        procs.append(subprocess.Popen([sys.executable, str(script), str(out), "1" if kill else "0", str(calls)],
+                                      env=env))
+    try:
+        for p in procs:
+            p.wait(120)
+    finally:
+        if store is not None:
+            store.terminate()
+            store.wait(10)
+    survivors = [json.loads(Path(f"{out}.{r}").read_text()) for r in range(n - (1 if kill else 0))]
+    result = {"per_call_us": statistics.median(s["per_call"] for s in survivors) * 1e6}
+    if kill:
+        death = float(Path(f"{out}.death").read_text())
+        result["recovery_ms"] = (max(s["recovered"] for s in survivors) - death) * 1e3
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=2000)
+    args = parser.parse_args()
+    print(f"{args.ranks} ranks, 256 KiB allreduce, medians of {args.trials} trials (cpus: {os.cpu_count()})")
+    print(f"{'transport':<10} {'plain us/call':>14} {'elastic us/call':>16} {'ratio':>7} {'recovery ms':>12}")
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        for transport in ("shm", "tcp"):
+            plain, elastic, recovery = [], [], []
+            for _ in range(args.trials):
+                plain.append(trial(args.ranks, transport, False, False, args.calls, folder)["per_call_us"])
+                elastic.append(trial(args.ranks, transport, True, False, args.calls, folder)["per_call_us"])
+                recovery.append(trial(args.ranks, transport, True, True, 50, folder)["recovery_ms"])
+            p, e, r = statistics.median(plain), statistics.median(elastic), statistics.median(recovery)
+            print(f"{transport:<10} {p:>14.1f} {e:>16.1f} {e / p:>7.3f} {r:>12.0f}"
+                  f"   (recovery min {min(recovery):.0f}, max {max(recovery):.0f})", flush=True)
+
+
+if __name__ == "__main__":
+    main()
