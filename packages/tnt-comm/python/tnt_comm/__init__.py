@@ -54,6 +54,7 @@ __all__ = [
     "ibroadcast",
     "init",
     "irecv",
+    "is_initialized",
     "ireduce_scatter",
     "isend",
     "local_rank",
@@ -110,6 +111,12 @@ def init() -> None:
     if not _finalizer_registered:
         atexit.register(finalize)
         _finalizer_registered = True
+
+
+def is_initialized() -> bool:
+    """Whether the runtime runs in this process (started, and not finalized): ``rank()`` then
+    answers without connecting to anyone."""
+    return bool(_core.is_initialized())
 
 
 def finalize() -> None:

@@ -111,6 +111,7 @@ class Callback(keras.callbacks.Callback):
         self.aggregate_logs = aggregate_logs
         self.run_on_all_ranks = run_on_all_ranks
         self.tnt_model: keras.Model | None = None
+        self.resuming = False  # an elastic fit goes on (wrap_all): on_train_begin is not passed on
         # A checkpoint callback writes on the master rank only; every rank must learn whether it failed.
         self._shares_outcome = isinstance(callback, _EPOCH_SAVERS)
         # Only the hooks the callback overrides get a dispatcher; the others stay Keras' marked
@@ -146,6 +147,8 @@ class Callback(keras.callbacks.Callback):
         takes_index = "batch" in hook or "epoch" in hook
 
         def dispatch(*args: Any, **kwargs: Any) -> None:
+            if hook == "on_train_begin" and self.resuming:
+                return
             # Keras passes logs positionally or by keyword; hooks with an index take it first.
             head, rest = (args[:1], args[1:]) if takes_index else ((), args)
             logs = kwargs.pop("logs", rest[0] if rest else None)
@@ -213,14 +216,15 @@ def wrap(callback: keras.callbacks.Callback, tnt_model: keras.Model) -> Callback
 
 
 def wrap_all(
-    callbacks: Iterable[keras.callbacks.Callback] | None, tnt_model: keras.Model
+    callbacks: Iterable[keras.callbacks.Callback] | None, tnt_model: keras.Model, resuming: bool = False
 ) -> list[keras.callbacks.Callback]:
     """The callbacks to hand to the wrapped model's ``fit``/``evaluate``/``predict``.
 
     A ``ProgbarLogger`` or ``History`` passed by the user goes to Keras unwrapped, since Keras adds
     its default one only when the list holds none (a wrapped one would be a second progress bar or
     history). The progress bar is left out on ranks that do not print, where Keras, told
-    ``verbose=0``, adds none either.
+    ``verbose=0``, adds none either. ``resuming``: the fit goes on after its job re-formed
+    (elastic.py), and the callbacks' training has begun already: they do not hear it begin again.
     """
     handed: list[keras.callbacks.Callback] = []
     for callback in callbacks or []:
@@ -231,7 +235,9 @@ def wrap_all(
         elif isinstance(callback, keras.callbacks.History):
             handed.append(callback)  # the same on every rank: the logs are global
         else:
-            handed.append(wrap(callback, tnt_model))
+            wrapped = wrap(callback, tnt_model)
+            wrapped.resuming = resuming
+            handed.append(wrapped)
     return handed
 
 

@@ -26,6 +26,7 @@ import tnt_comm
 from . import (
     backends,
     configs,
+    elastic,
     files,
     metrics,
     outcome,
@@ -401,23 +402,26 @@ class Model(keras.Model):
             (x, y, sample_weight), validation_data = array_slicing.train_validation_split(
                 (x, y, sample_weight), validation_split=validation_split
             )
-        ds = self._dataset(
-            x,
-            y,
-            sample_weight,
-            batch_size,
-            shuffle=shuffle,
-            distribute=tnt_distribute_dataset,
-            micro_batch_size=tnt_micro_batch_size,
-            what="training dataset",
-        )
-        val_ds = None
-        if validation_data is not None:
+
+        def datasets() -> tuple[Any, Any]:
+            """This rank's slices of the training and validation data, for the ranks there are now."""
+            ds = self._dataset(
+                x,
+                y,
+                sample_weight,
+                batch_size,
+                shuffle=shuffle,
+                distribute=tnt_distribute_dataset,
+                micro_batch_size=tnt_micro_batch_size,
+                what="training dataset",
+            )
+            if validation_data is None:
+                return ds, None
             if self._backend.is_dataset(validation_data):
                 val = (validation_data, None, None)
             else:
                 val = tuple(validation_data) + (None,) * (3 - len(validation_data))
-            val_ds = self._dataset(
+            return ds, self._dataset(
                 *val,
                 None if self._backend.is_dataset(validation_data) else (validation_batch_size or batch_size),
                 shuffle=False,
@@ -425,23 +429,52 @@ class Model(keras.Model):
                 micro_batch_size=tnt_validation_micro_batch_size,
                 what="validation dataset",
             )
-        self._prepare_variables(ds)
-        with self._backend.explain_errors("fit"):
-            history = self._model.fit(
-                ds,
-                epochs=epochs,
-                verbose=self._verbose(verbose),
-                callbacks=_with_preemption_watch(tnt_callbacks.wrap_all(callbacks, self)),
-                validation_data=val_ds,
-                class_weight=class_weight,
-                initial_epoch=initial_epoch,
-                steps_per_epoch=steps_per_epoch,
-                validation_steps=validation_steps,
-                validation_freq=validation_freq,
-                shuffle=False,  # the dataset is already in the order every rank agrees on
-            )
-            _warn_if_diverged(self._model)
-        return history
+
+        def run(ds: Any, val_ds: Any, first_epoch: int, resuming: bool, before: list[Any]) -> Any:
+            self._prepare_variables(ds)
+            with self._backend.explain_errors("fit"):
+                history = self._model.fit(
+                    ds,
+                    epochs=epochs,
+                    verbose=self._verbose(verbose),
+                    callbacks=before
+                    + _with_preemption_watch(tnt_callbacks.wrap_all(callbacks, self, resuming=resuming)),
+                    validation_data=val_ds,
+                    class_weight=class_weight,
+                    initial_epoch=first_epoch,
+                    steps_per_epoch=steps_per_epoch,
+                    validation_steps=validation_steps,
+                    validation_freq=validation_freq,
+                    shuffle=False,  # the dataset is already in the order every rank agrees on
+                )
+                _warn_if_diverged(self._model)
+            return history
+
+        if not elastic.enabled():
+            return run(*datasets(), initial_epoch, False, [])
+        return self._fit_elastically(datasets, run, initial_epoch)
+
+    def _fit_elastically(self, datasets: Callable[[], Any], run: Callable[..., Any], initial_epoch: int) -> Any:
+        """``fit`` in an elastic job (elastic.py): after a lost rank the survivors re-form the job and
+        train the epoch it was lost in again, from the variables that epoch began with."""
+        epoch_start = elastic.EpochStart(lambda: shared_variables.model_and_optimizer_variables(self._model))
+        done = elastic.Epochs()
+        first, resuming = initial_epoch, False
+        while True:
+            ds, val_ds = datasets()
+            for data in (ds,):  # the order of the epoch redone is the order it had
+                if resuming and hasattr(data, "epoch") and hasattr(data, "_order"):
+                    data.epoch = first - initial_epoch
+                    data.order = data._order()
+            before = getattr(self._model, "history", None)
+            try:
+                return done.into(run(ds, val_ds, first, resuming, [epoch_start]))
+            except elastic.FAILURES as e:
+                attempt = getattr(self._model, "history", None)
+                elastic.reform(self, e, "trains the epoch it was lost in again")
+                first = elastic.epoch_to_redo(epoch_start, first)
+                done.keep(attempt if attempt is not before else None, first)
+                resuming = True
 
     def evaluate(
         self,
@@ -457,27 +490,38 @@ class Model(keras.Model):
         tnt_distribute_dataset: bool = True,
         **kwargs: Any,
     ) -> Any:
-        """As ``keras.Model.evaluate``; each rank evaluates its slice, results are global."""
-        ds = self._dataset(
-            x,
-            y,
-            sample_weight,
-            batch_size,
-            shuffle=False,
-            distribute=tnt_distribute_dataset,
-            micro_batch_size=tnt_micro_batch_size,
-            what="evaluation dataset",
-        )
-        self._prepare_variables(ds)
-        with self._backend.explain_errors("evaluate"):
-            return self._model.evaluate(
-                ds,
-                verbose=self._verbose(verbose),
-                steps=steps,
-                callbacks=tnt_callbacks.wrap_all(callbacks, self),
-                return_dict=return_dict,
-                **kwargs,
+        """As ``keras.Model.evaluate``; each rank evaluates its slice, results are global. In an
+        elastic job that loses a rank meanwhile, the survivors evaluate again (elastic.py)."""
+
+        def run() -> Any:
+            ds = self._dataset(
+                x,
+                y,
+                sample_weight,
+                batch_size,
+                shuffle=False,
+                distribute=tnt_distribute_dataset,
+                micro_batch_size=tnt_micro_batch_size,
+                what="evaluation dataset",
             )
+            self._prepare_variables(ds)
+            with self._backend.explain_errors("evaluate"):
+                return self._model.evaluate(
+                    ds,
+                    verbose=self._verbose(verbose),
+                    steps=steps,
+                    callbacks=tnt_callbacks.wrap_all(callbacks, self),
+                    return_dict=return_dict,
+                    **kwargs,
+                )
+
+        while True:
+            try:
+                return run()
+            except elastic.FAILURES as e:
+                if not elastic.enabled():
+                    raise
+                elastic.reform(self, e, "evaluates again")
 
     def predict(
         self,

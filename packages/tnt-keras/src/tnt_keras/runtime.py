@@ -87,7 +87,10 @@ def fusion_threshold_bytes() -> int:
 def _rank_for_logs() -> int:
     """This process's rank without starting the runtime: get_rank() would connect to every peer
     first, and a log line written while a peer is busy (compiling the op under a file lock that
-    this process waits for next) would then wait for that peer, which waits for us: a deadlock."""
+    this process waits for next) would then wait for that peer, which waits for us: a deadlock.
+    Once the runtime runs, its rank: an elastic job that re-formed numbers its ranks anew."""
+    if tnt_comm.is_initialized():
+        return tnt_comm.rank()
     return contract.rank_from_environment()
 
 

@@ -66,6 +66,11 @@ class Backend(Protocol):
         """The gradient sum and the empty-slice guard (idempotent)."""
         ...
 
+    def forget_collectives(self, model: keras.Model) -> None:
+        """After the job re-formed (an elastic job lost ranks: ``elastic.py``), drops what the hooks
+        keep of the old job's collectives (fused buckets), to be made again on the new one."""
+        ...
+
     def predicted_outputs(self, returned: Any) -> Any:
         """The outputs of one batch in what Keras' predict function ``returned`` (Keras-JAX's also
         returns its state)."""

@@ -23,6 +23,7 @@ __all__ = [
     "build_for_predict",
     "distribute",
     "explain_errors",
+    "forget_collectives",
     "global_batch_size",
     "install_hooks",
     "is_dataset",
@@ -82,3 +83,7 @@ def jit_compile(asked: Any) -> Any:
     """Keras' own choice: every step is one XLA program (``auto``), the collectives ordered callbacks
     inside it; False runs the steps eagerly, the callbacks called as they come."""
     return asked
+
+
+def forget_collectives(model: keras.Model) -> None:
+    """Nothing to drop: the step's calls name the world, which is the new one, and are traced again."""

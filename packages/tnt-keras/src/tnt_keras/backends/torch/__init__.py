@@ -19,6 +19,7 @@ __all__ = [
     "build_for_predict",
     "distribute",
     "explain_errors",
+    "forget_collectives",
     "global_batch_size",
     "install_hooks",
     "is_dataset",
@@ -53,3 +54,7 @@ def predicted_outputs(returned: Any) -> Any:
 
 def jit_compile(asked: Any) -> bool:
     return without_xla(asked)
+
+
+def forget_collectives(model: keras.Model) -> None:
+    gradients.forget_collectives(model)

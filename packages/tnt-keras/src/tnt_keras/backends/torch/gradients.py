@@ -410,3 +410,13 @@ def install_gradient_sum(model: keras.Model, size: int) -> None:
         mine.gradient_sum = GradientSum(model, size)
     else:
         mine.gradient_sum.wrap_optimizers()
+
+
+def forget_collectives(model: keras.Model) -> None:
+    """Drops the fused buckets of the old job (their FusedAllreduce objects raise once it is gone);
+    the next step plans them again over the new one. The parameters' hooks stay."""
+    gradient_sum = model_state.of(model).gradient_sum
+    if gradient_sum is not None:
+        gradient_sum.plans.clear()
+        gradient_sum.by_param.clear()
+        gradient_sum.size = tnt_comm.size()

@@ -1,0 +1,118 @@
+"""Elastic training (``tnt-launch --elastic MIN``): a ``fit`` that loses ranks goes on with the
+survivors, and still equals serial training.
+
+Every epoch begins with a copy of the model's and optimizers' variables in host memory
+(``EpochStart``): the one cost of elasticity while nothing fails. When a collective of the step
+raises ``PeerFailure`` or ``Timeout``, the survivors re-form the job (``tnt_comm.shrink``), agree on
+the earliest epoch any of them was in, put back the variables they had when it began, deal every
+global batch over the ranks that are left, and run that epoch again, to the end of the fit. Its
+metrics start from zero, as at any epoch's start; the epochs before it stay in ``History`` once; the
+callbacks see the epoch begin a second time, but not the training begin (an ``EarlyStopping`` keeps
+its count). Up to one epoch of work is lost: the step is not redone alone, because the lost rank
+took its part of the epoch's metric states with it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import numpy as np
+import tnt_comm
+from tnt_comm import contract
+
+from . import state
+from .runtime import logger
+
+FAILURES = (tnt_comm.PeerFailure, tnt_comm.Timeout)
+
+
+def enabled() -> bool:
+    """Whether this job may go on after losing ranks (TNT_ELASTIC, which tnt-launch --elastic sets)."""
+    value = os.environ.get(contract.ELASTIC, "")
+    return value.isdigit() and int(value) > 0
+
+
+class EpochStart(keras.callbacks.Callback):
+    """Keeps the variables as they were when each of the last two epochs began (the survivors may be
+    one epoch apart when a rank is lost at an epoch's end)."""
+
+    def __init__(self, variables: Callable[[], list[Any]]) -> None:
+        super().__init__()
+        self.variables = variables
+        self.epoch: int | None = None
+        self.saved: dict[int, list[np.ndarray]] = {}
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        self.epoch = epoch
+        self.saved[epoch] = [np.array(keras.ops.convert_to_numpy(v.value)) for v in self.variables()]
+        for old in [e for e in self.saved if e < epoch - 1]:
+            del self.saved[old]
+
+    def restore(self, epoch: int) -> None:
+        values = self.saved.get(epoch)
+        if values is None:
+            return  # the fit had not begun that epoch anywhere: the start's broadcast is the state
+        for variable, value in zip(self.variables(), values, strict=True):
+            variable.assign(value)
+
+
+def reform(tnt_model: keras.Model, error: BaseException, what: str) -> None:
+    """After ``error`` (a lost rank): re-forms the job with the survivors and points the model's
+    hooks at it; ``what`` the caller does next, for the log line. Collective over the survivors.
+    Raises where the job cannot go on (fewer than MIN ranks, this rank left out)."""
+    before = tnt_comm.size()
+    lost = list(getattr(error, "ranks", ()) or ())
+    tnt_comm.shrink()
+    mine = state.of(tnt_model)
+    mine.rank, mine.size = tnt_comm.rank(), tnt_comm.size()
+    inner = tnt_model.model
+    state.of(inner).rank, state.of(inner).size = mine.rank, mine.size
+    tnt_model._backend.forget_collectives(inner)
+    # Traced with the old job's collectives in flight: traced again.
+    inner.train_function = inner.test_function = inner.predict_function = None
+    generation, members = tnt_comm.membership()
+    logger.warning(
+        "lost rank(s) %s of %d (%s); the job re-formed with %d rank(s) (generation %d: members %s) and %s",
+        ", ".join(map(str, lost)) or "?", before, type(error).__name__, mine.size, generation,
+        ", ".join(map(str, members)), what,
+    )
+
+
+def epoch_to_redo(epoch_start: EpochStart, first_epoch: int) -> int:
+    """The earliest epoch any survivor was in, with the variables it began with put back.
+    Collective over the survivors."""
+    here = epoch_start.epoch if epoch_start.epoch is not None else first_epoch
+    epoch = int(tnt_comm.allreduce(np.array([here], np.int64), op="min")[0])
+    epoch_start.restore(epoch)
+    return epoch
+
+
+class Epochs:
+    """The epochs of a fit's attempts that stand: each attempt's up to the epoch the next redid."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, dict[str, Any]]] = []
+
+    @staticmethod
+    def _rows(history: keras.callbacks.History) -> list[tuple[int, dict[str, Any]]]:
+        return [
+            (epoch, {key: values[i] for key, values in history.history.items() if i < len(values)})
+            for i, epoch in enumerate(history.epoch)
+        ]
+
+    def keep(self, history: keras.callbacks.History | None, redo_from: int) -> None:
+        """What a failed attempt's ``history`` finished before epoch ``redo_from``, which is redone."""
+        mine = self._rows(history) if history is not None else []
+        self.rows = [r for r in self.rows if r[0] < redo_from] + [r for r in mine if r[0] < redo_from]
+
+    def into(self, last: keras.callbacks.History) -> keras.callbacks.History:
+        """``last`` (the attempt that finished) with the earlier attempts' epochs before its own."""
+        if self.rows:
+            rows = self.rows + self._rows(last)
+            keys = list(dict.fromkeys(key for _, values in rows for key in values))
+            last.epoch = [epoch for epoch, _ in rows]
+            last.history = {key: [values.get(key) for _, values in rows] for key in keys}
+        return last

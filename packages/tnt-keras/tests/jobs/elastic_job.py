@@ -1,0 +1,108 @@
+"""An elastic fit (tnt-launch --elastic) that loses ranks, each killed (SIGKILL) at a point the
+arguments name, and what the survivors end with, against serial Keras on the same global batches:
+weights, optimizer state, every epoch's logs (History, validation included) and a later evaluate.
+
+Arguments: kills as MEMBER@EPOCH:WHERE[:BATCH], MEMBER being the rank in the job's first
+generation, WHERE one of "batch" (before training batch BATCH of epoch EPOCH), "epoch_end" (at
+the end of epoch EPOCH, after its validation), "validation" (before validation batch BATCH of epoch
+EPOCH) and "evaluate" (before batch BATCH of the evaluate after the fit). Every rank that is left
+writes its report."""
+
+import _quick_start  # noqa: F401, I001  (first: the collector waits out the imports)
+import os
+import signal
+import sys
+
+import keras
+import numpy as np
+import tnt_comm
+import tnt_keras as tnt
+from _job import report
+
+EPOCHS, BATCH = 4, 24
+x = np.random.RandomState(0).rand(96, 8).astype("float32")
+y = (x.sum(axis=1, keepdims=True) > 4).astype("float32")
+x_val, y_val = x[:48] * 0.5, y[:48]
+
+kills = []
+for arg in sys.argv[1:]:
+    member, rest = arg.split("@")
+    epoch, where, *batch = rest.split(":")
+    kills.append((int(member), int(epoch), where, int(batch[0]) if batch else 0))
+member = tnt_comm.rank()  # its rank in the first generation
+
+
+def build() -> keras.Model:
+    keras.utils.set_random_seed(7)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"])
+    return model
+
+
+class Killer(keras.callbacks.Callback):
+    """Kills this rank where the arguments say, in the job's first generation only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.epoch, self.evaluating = -1, False
+
+    def _maybe(self, where: str, batch: int = 0) -> None:
+        if tnt_comm.membership()[0] != 0:
+            return
+        for who, epoch, at, at_batch in kills:
+            if who == member and at == where and at_batch == batch and (where == "evaluate" or epoch == self.epoch):
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._maybe("batch", batch)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._maybe("epoch_end")
+
+    def on_test_batch_begin(self, batch, logs=None):
+        self._maybe("evaluate" if self.evaluating else "validation", batch)
+
+
+killer = Killer()
+model = tnt.Model(build())
+history = model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
+                    validation_data=(x_val, y_val), callbacks=[tnt.callbacks.Callback(killer, aggregate_logs=False)])
+killer.evaluating = True
+evaluated = model.evaluate(x_val, y_val, batch_size=BATCH, verbose=0, return_dict=True,
+                           callbacks=[tnt.callbacks.Callback(killer, aggregate_logs=False)])
+
+serial = build()
+serial_history = serial.fit(
+    x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0, validation_data=(x_val, y_val)
+)
+serial_evaluated = serial.evaluate(x_val, y_val, batch_size=BATCH, verbose=0, return_dict=True)
+
+
+def largest_difference(a, b):
+    return max((float(np.max(np.abs(np.asarray(u) - np.asarray(v)))) for u, v in zip(a, b, strict=True)), default=0.0)
+
+
+def values(model):
+    return [keras.ops.convert_to_numpy(v) for v in model.optimizer.variables] + model.get_weights()
+
+
+generation, members = tnt_comm.membership()
+report({
+    "member": member,
+    "rank": tnt_comm.rank(),
+    "size": tnt_comm.size(),
+    "generation": generation,
+    "members": members,
+    "epochs": history.epoch,
+    "serial_epochs": serial_history.epoch,
+    "history": history.history,
+    "serial_history": serial_history.history,
+    "evaluated": evaluated,
+    "serial_evaluated": serial_evaluated,
+    "scale": max(float(np.max(np.abs(v))) for v in values(serial)),
+    "variables_error": largest_difference(values(model.model), values(serial)),
+    "iterations": int(keras.ops.convert_to_numpy(model.model.optimizer.iterations)),
+})
