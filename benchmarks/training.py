@@ -65,7 +65,10 @@ RATIOS = {
     "ceiling": "tnt 2 ranks / ceiling (2 procs, no comm)",
     "overhead": "tnt 1 rank step time over plain Keras",
     "sync_bn": "tnt 2 ranks step time, SyncBatchNormalization over BatchNormalization",
+    "elastic": "tnt 2 ranks step time, --elastic over without",
 }
+# Issue 43: what an elastic job may cost while nothing fails, on every model and backend (percent).
+ELASTIC_BAR = 2.0
 # Cores of other work during the timed rounds above which the result gets a warning.
 BUSY_OTHER_LOAD = 0.25
 
@@ -130,6 +133,7 @@ class Config:
     backends: tuple[str, ...] = BACKENDS  # where it exists
     env: tuple[tuple[str, str], ...] = ()  # set for its processes
     models: tuple[str, ...] | None = None  # the models it runs for (None: every model)
+    launch_args: tuple[str, ...] = ()  # more of tnt-launch's options
 
 
 CONFIGS = [
@@ -144,6 +148,8 @@ CONFIGS = [
         "tnt2sbn", "tnt, 2 ranks, SyncBatchNormalization", "tnt", 2, True, env=(("BENCH_SYNC_BN", "1"),),
         models=("resnet50",),
     ),
+    # What an elastic job costs while nothing fails: a copy of the variables per epoch (keras.md).
+    Config("tnt2el", "tnt, 2 ranks, --elastic 1", "tnt", 2, True, launch_args=("--elastic", "1")),
     Config("mwms", "MWMS, 2 workers", "mwms", 2, False, ("tensorflow",)),
     Config("ddp", "torch DDP (gloo), 2 procs", "ddp", 2, False, ("torch",)),
     Config("dp", "Keras DataParallel (jax.distributed), 2 procs", "dp", 2, False, ("jax",)),
@@ -284,7 +290,7 @@ def commands(config: Config, args: argparse.Namespace, workdir: Path) -> list[_r
     env = {**base_env(workdir, args.backend), **dict(config.env)}
     if config.launcher:
         # The launcher sets the contract and the thread variables for every rank (unless set).
-        argv = [*(tnt_launch() or []), "-n", str(config.ranks), "--no-gpu"]
+        argv = [*(tnt_launch() or []), "-n", str(config.ranks), "--no-gpu", *config.launch_args]
         argv += ["--python-interpreter", sys.executable, "--", *script]
         return [_ranks.Command(argv, env)]
     if config.mode == "keras":
@@ -446,10 +452,16 @@ def checks(summaries: dict[str, Summary], bench: Bench, backend: str = "tensorfl
             continue
         if key == "sync_bn" and "tnt2sbn" not in summaries:  # a model without BatchNormalization
             continue
-        bar = targets.get(key)
-        if key in ("overhead", "sync_bn"):
+        if key == "elastic" and "tnt2el" not in summaries:
+            continue
+        bar = ELASTIC_BAR if key == "elastic" else targets.get(key)
+        if key in ("overhead", "sync_bn", "elastic"):
             measured = None
-            slower, base = (tnt1, keras) if key == "overhead" else (summaries.get("tnt2sbn"), tnt2)
+            slower, base = {
+                "overhead": (tnt1, keras),
+                "sync_bn": (summaries.get("tnt2sbn"), tnt2),
+                "elastic": (summaries.get("tnt2el"), tnt2),
+            }[key]
             if slower is not None and base is not None and slower.status == "ok" and base.status == "ok":
                 measured = (slower.step_ms / base.step_ms - 1) * 100
             text = "-" if measured is None else f"{measured:+.1f}%"
@@ -592,6 +604,7 @@ COLORS = {
     "tnt2": "tab:red",
     "tnt2cb": "tab:pink",
     "tnt2sbn": "tab:olive",
+    "tnt2el": "tab:cyan",
     "mwms": "tab:blue",
     "ddp": "tab:purple",
     "dp": "tab:brown",

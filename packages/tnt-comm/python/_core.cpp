@@ -161,6 +161,7 @@ PYBIND11_MODULE(_core, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("is_initialized", [] { return tnt::Runtime::get() != nullptr; });
   m.def("shrink", [] { tnt::Runtime::shrink(); }, py::call_guard<py::gil_scoped_release>());
+  m.def("admit", [] { return tnt::Runtime::admit(); }, py::call_guard<py::gil_scoped_release>());
   m.def("membership", [] {
     const tnt::Runtime& rt = tnt::Runtime::init();
     return py::make_tuple(rt.generation(), rt.members());

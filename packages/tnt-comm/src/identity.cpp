@@ -151,6 +151,10 @@ void read_tnt_launch(Identity& id) {
   id.token = env("TNT_JOB_TOKEN");
   if (const char* job = env("TNT_JOB_ID")) id.job_id = job;
   id.elastic_min = static_cast<int>(env_int("TNT_ELASTIC", 0, 0, id.size));
+  id.join_as = static_cast<int>(env_int("TNT_JOIN", -1, 0, 1 << 20));
+  if (id.join_as >= 0 && id.elastic_min == 0) {
+    throw InvalidArgument("TNT_JOIN is set but TNT_ELASTIC is not: only an elastic job admits a replacement");
+  }
 }
 
 // What holds for every job however it was formed: a job id fit for file names. The transport is

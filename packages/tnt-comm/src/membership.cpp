@@ -121,6 +121,45 @@ Generation agree_on_survivors(const Identity& identity, const std::string& job_b
   return decode(*decided, now.generation + 1);
 }
 
+Generation wait_for_admission(const Identity& identity, const std::string& job_base, int id) {
+  StoreClient store = connect(identity);
+  const std::int64_t k = store.add(key(job_base, "joiners"), 1);
+  store.set(key(job_base, "joiner/" + std::to_string(k)), std::to_string(id) + ":" + std::to_string(identity.node_rank));
+  const int generation = std::stoi(store.get(key(job_base, "admitted/" + std::to_string(id)), Deadline::max()));
+  return decode(store.get(gen_key(job_base, generation - 1, "next"), deadline_after(60)), generation);
+}
+
+Generation admit_joiners(const Identity& identity, const std::string& job_base, const Generation& now) {
+  StoreClient store = connect(identity);
+  const auto count = store.try_get(key(job_base, "joiners"));
+  const auto seen = store.try_get(key(job_base, "joiners_seen"));
+  const long n = count ? std::stol(*count) : 0, done = seen ? std::stol(*seen) : 0;
+  Generation next = now;
+  next.generation = now.generation + 1;
+  for (long k = done + 1; k <= n; ++k) {
+    const std::string entry = store.get(key(job_base, "joiner/" + std::to_string(k)), deadline_after(60));
+    const std::size_t colon = entry.find(':');
+    next.ids.push_back(std::stoi(entry.substr(0, colon)));
+    next.nodes.push_back(std::stoi(entry.substr(colon + 1)));
+  }
+  if (next.ids.size() == now.ids.size()) return now;
+  // The claim may find a decision there already: survivors of a failure that raced this admission.
+  const std::string proposal = encode(next);
+  const std::string decided = store.claim(gen_key(job_base, now.generation, "next"), proposal);
+  if (decided != proposal) return decode(decided, next.generation);  // a failure's survivors decided first
+  store.set(key(job_base, "joiners_seen"), std::to_string(n));
+  for (std::size_t r = now.ids.size(); r < next.ids.size(); ++r) {
+    store.set(key(job_base, "admitted/" + std::to_string(next.ids[r])), std::to_string(next.generation));
+  }
+  return next;
+}
+
+Generation decided_after(const Identity& identity, const std::string& job_base, const Generation& now) {
+  StoreClient store = connect(identity);
+  return decode(store.get(gen_key(job_base, now.generation, "next"), deadline_after(identity.timeout_s)),
+                now.generation + 1);
+}
+
 Identity identity_in(const Identity& identity, const std::string& job_base, const Generation& next, int id) {
   Identity out = identity;
   const auto at = std::find(next.ids.begin(), next.ids.end(), id);

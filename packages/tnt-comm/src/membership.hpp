@@ -32,6 +32,18 @@ struct Generation {
 Generation agree_on_survivors(const Identity& identity, const std::string& job_base, const Generation& now,
                            const std::vector<int>& lost_ranks, Deadline deadline);
 
+// A replacement process (`id`, on `node`) asks to join the elastic job and waits, without a limit
+// (its launcher ends it with the job), until a generation admits it; returns that generation.
+Generation wait_for_admission(const Identity& identity, const std::string& job_base, int id);
+
+// The members' side, on their rank 0 (the others learn the outcome from it): the replacements
+// that asked to join since the last call, appended to `now` as the next generation, decided at the
+// store and told to them; `now` itself where none asked.
+Generation admit_joiners(const Identity& identity, const std::string& job_base, const Generation& now);
+
+// The next generation as the store holds it (`now`'s ranks other than 0 read what rank 0 decided).
+Generation decided_after(const Identity& identity, const std::string& job_base, const Generation& now);
+
 // This member's identity in `next`: its rank, the ranks of its host, and the generation's job id,
 // which names the rendezvous keys and shared-memory files apart from those of earlier generations.
 Identity identity_in(const Identity& identity, const std::string& job_base, const Generation& next, int id);

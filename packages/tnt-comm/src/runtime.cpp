@@ -35,6 +35,14 @@ void Runtime::start(const Identity& identity) {
     throw InvalidArgument("TNT_ELASTIC (tnt-launch --elastic) runs over shm and tcp: GPI-2 starts once "
                           "per process, so a job over it cannot re-form (use --transport tcp or auto)");
   }
+  if (identity.join_as >= 0) {
+    // A replacement: it waits to be admitted, then meets the generation that admitted it.
+    const Generation next = wait_for_admission(identity, identity.job_id, identity.join_as);
+    Identity mine = identity_in(identity, identity.job_id, next, identity.join_as);
+    mine.start_timeout_s = std::min(identity.start_timeout_s, identity.timeout_s);
+    g_runtime.reset(new Runtime(std::make_shared<Job>(mine), next.generation, next.ids, identity.job_id));
+    return;
+  }
   std::vector<int> members(static_cast<std::size_t>(identity.size));
   for (int r = 0; r < identity.size; ++r) members[static_cast<std::size_t>(r)] = r;
   g_runtime.reset(new Runtime(std::make_shared<Job>(identity), 0, std::move(members), identity.job_id));
@@ -160,6 +168,51 @@ Runtime& Runtime::shrink() {
       lost = e.detail().ranks;
     }
   }
+}
+
+bool Runtime::admit() {
+  std::shared_ptr<Runtime> runtime;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    refuse_after_finalize();
+    runtime = g_runtime;
+  }
+  if (!runtime) throw InvalidArgument("admit: the runtime has not started");
+  const Identity identity = runtime->identity();
+  if (identity.elastic_min == 0 || identity.size == 0) return false;
+  Fabric& fabric = runtime->fabric();
+  if (fabric.failed()) fabric.throw_failure();
+  Generation now{runtime->generation_, runtime->members_, {}};
+  for (int r = 0; r < identity.size; ++r) now.nodes.push_back(fabric.node(r));
+  Generation next = now;
+  std::int64_t grew = 0;
+  if (identity.rank == 0) {
+    next = admit_joiners(identity, runtime->job_base_, now);
+    grew = next.generation != now.generation ? 1 : 0;
+  }
+  runtime->world().broadcast(&grew, 1, DType::int64, 0);
+  if (grew == 0) return false;
+  if (identity.rank != 0) next = decided_after(identity, runtime->job_base_, now);
+  const int me = now.ids[static_cast<std::size_t>(identity.rank)];
+  const std::string job_base = runtime->job_base_;
+  // A planned change: the old generation ends as at finalize, every rank having read its messages.
+  {
+    Job& job = *runtime->job_;
+    job.engine().drain();
+    job.fabric().say_goodbye();
+    job.settle();
+  }
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (g_runtime == runtime) g_runtime.reset();
+  runtime.reset();
+  if (std::find(next.ids.begin(), next.ids.end(), me) == next.ids.end()) {
+    throw Error("rank " + std::to_string(identity.rank) + " (member " + std::to_string(me) +
+                ") was left out when the job re-formed (" + describe(next) + "): it must leave the job");
+  }
+  Identity mine = identity_in(identity, job_base, next, me);
+  mine.start_timeout_s = std::min(identity.start_timeout_s, identity.timeout_s);
+  g_runtime.reset(new Runtime(std::make_shared<Job>(mine), next.generation, next.ids, job_base));
+  return true;
 }
 
 int Runtime::generation() const { return generation_; }

@@ -32,6 +32,7 @@ import numpy as np
 import tnt_comm as tc
 
 STEPS, SEED, VICTIMS, KILL_AT, HOW, SIGNAL = {steps}, {seed}, {victims}, {kill_at}, {how!r}, {signal}
+ADMIT_EVERY, WAIT_AT, STARTED = {admit_every}, {wait_at}, {started!r}  # replacements (tnt_comm.admit)
 KINDS = ["allreduce", "iallreduce", "broadcast", "allgather", "allgatherv", "reduce_scatter", "barrier",
          "sendrecv", "group"]
 rng = random.Random(SEED)
@@ -77,10 +78,21 @@ def call(kind, i):
             got = g.allreduce(np.full(count // 4, r, np.float32))
             check(got, np.full(count // 4, sum(evens), np.float32), kind)
 
-member = tc.rank()
 failures = []
-i = 0
+i = skip = 0
+if "TNT_JOIN" in os.environ:  # a replacement: says it started, waits to be admitted, learns where
+    open(STARTED, "w").close()
+    i = skip = int(tc.broadcast(np.array([0], np.int64), root=0)[0])
+member = tc.membership()[1][tc.rank()]
 while i < STEPS:
+    if i == WAIT_AT and tc.membership()[0] >= 1 and "TNT_JOIN" not in os.environ:
+        if tc.rank() == 0:  # the survivors hold on until the replacement runs
+            while not os.path.exists(STARTED):
+                time.sleep(0.02)
+            time.sleep(0.5)
+        tc.barrier()
+    if ADMIT_EVERY and i % ADMIT_EVERY == 0 and i != skip and tc.admit():
+        i = skip = int(tc.broadcast(np.array([i], np.int64), root=0)[0])
     if member in VICTIMS and i == KILL_AT:
         kill = lambda: os.kill(os.getpid(), SIGNAL)
         if HOW == "between":
@@ -123,9 +135,12 @@ def elastic_job(
     token = secrets.token_hex(16)
     store, port = start_store(token)
     code = PROGRAM.format(**{"steps": 24, "seed": 0, "victims": [], "kill_at": 0, "how": "between",
-                             "signal": int(signal.SIGKILL), **program})
+                             "signal": int(signal.SIGKILL), "admit_every": 0, "wait_at": -1,
+                             "started": str(tmp / "replacement-started"), **program})
     base = {"TNT_ELASTIC": "2", "TNT_MASTER_PORT": str(port), "TNT_JOB_TOKEN": token, "TNT_TIMEOUT_S": "30"}
-    return Job(n, code, tmp, env={**base, **(env or {})}, nodes=nodes), store
+    job = Job(n, code, tmp, env={**base, **(env or {})}, nodes=nodes)
+    job.store_port, job.store_token = port, token  # type: ignore[attr-defined]  # for a replacement
+    return job, store
 
 
 def results_of(out: str) -> dict[str, object]:
@@ -223,6 +238,36 @@ def test_a_stopped_rank_is_lost_after_the_timeout_and_refused_when_it_wakes(tmp_
     finally:
         job.kill()
         stop_store(store)
+    assert not job.shm_leftovers()
+
+
+@pytest.mark.timeout(120)
+def test_a_replacement_joins_the_survivors(tmp_path: Path) -> None:
+    # Member 2 is killed at call 5; the survivors re-form, and a new process (TNT_JOIN=4, as tnt-launch
+    # --elastic MIN:MAX starts one) is admitted at the next admission point after it started (every
+    # 4th call, from call 12 on), in the place after the survivors; all four finish, checked exactly.
+    job, store = elastic_job(4, tmp_path, seed=21, victims=[2], kill_at=5, how="between", admit_every=4,
+                             wait_at=10)
+    try:
+        job.procs[2].wait(60)
+        env = {**os.environ, "TNT_RANK": "2", "TNT_SIZE": "4", "TNT_LOCAL_RANK": "2", "TNT_LOCAL_SIZE": "4",
+               "TNT_NODE_RANK": "0", "TNT_MASTER_ADDR": "127.0.0.1", "TNT_MASTER_PORT": str(job.store_port),
+               "TNT_JOB_ID": job.job_id, "TNT_JOB_TOKEN": job.store_token, "TNT_ELASTIC": "2", "TNT_JOIN": "4",
+               "TNT_TIMEOUT_S": "30", "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp_path)}
+        job.procs[2] = subprocess.Popen([sys.executable, str(tmp_path / f"rank_{job.job_id}.py")], env=env,
+                                        text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        results = job.wait(90)
+    finally:
+        job.kill()
+        stop_store(store)
+    for res in results:
+        assert res.returncode == 0, f"process {res.rank} exited {res.returncode}:\n{res.stderr[-3000:]}"
+    out = [results_of(res.stdout) for res in results]
+    # The survivors keep their order; the replacement comes after them.
+    assert [o["rank"] for o in out] == [0, 1, 3, 2] and [o["member"] for o in out] == [0, 1, 4, 3]
+    for o in out:
+        assert o["members"] == [0, 1, 3, 4] and o["size"] == 4 and o["steps"] == 24, o
+        assert o["generation"] == 2, o  # the survivors' generation, then the one that admitted it
     assert not job.shm_leftovers()
 
 

@@ -12,16 +12,21 @@ from test_training import TOL
 
 pytestmark = pytest.mark.by_backend
 
-# (kills as elastic_job.py takes them, the members that are left), on the backends each runs on:
-# torch all of them, TensorFlow and JAX the two commonest (a step, and rank 0 at an epoch's end).
+# (elastic_job.py's arguments, the ranks whose reports stand: their TNT_RANK, which a replacement
+# takes from the rank it replaces, and --elastic): torch runs all of them; TensorFlow rank 0's loss
+# and a replacement, JAX (whose jobs cost the most: compiling) a replacement.
 SCENARIOS = {
-    "step": (["1@1:batch:2"], [0, 2, 3]),
-    "rank-0-epoch-end": (["0@2:epoch_end"], [1, 2, 3]),
-    "two-in-validation": (["2@1:validation:1", "3@1:validation:1"], [0, 1]),
-    "evaluate": (["1@0:evaluate:1"], [0, 2, 3]),
+    "step": (["1@1:batch:2"], [0, 2, 3], "2"),
+    "rank-0-epoch-end": (["0@2:epoch_end"], [1, 2, 3], "2"),
+    "two-in-validation": (["2@1:validation:1", "3@1:validation:1"], [0, 1], "2"),
+    "evaluate": (["1@0:evaluate:1"], [0, 2, 3], "2"),
+    # Rank 2 is lost in epoch 0; tnt-launch starts rank 4 in its place, which joins at epoch 2.
+    "replacement": (["2@0:batch:2", "wait@2"], [0, 1, 2, 3], "2:4"),
 }
 CASES = [("torch", name) for name in SCENARIOS] + [
-    (backend, name) for backend in ("tensorflow", "jax") for name in ("step", "rank-0-epoch-end")
+    ("tensorflow", "rank-0-epoch-end"),
+    ("tensorflow", "replacement"),
+    ("jax", "replacement"),  # a step's loss, the re-forming and a replacement: the costliest backend once
 ]
 
 
@@ -34,23 +39,29 @@ def close(got: float, want: float) -> bool:
 @pytest.mark.parametrize(("backend", "scenario"), CASES, ids=[f"{b}-{s}" for b, s in CASES])
 def test_an_elastic_fit_that_loses_ranks_equals_serial_training(backend: str, scenario: str) -> None:
     skip_unless_installed(backend)
-    kills, survivors = SCENARIOS[scenario]
-    result = _launch("elastic_job", 4, tuple(kills), timeout=280, backend=backend,
-                     launcher_args=("--elastic", "2", "--timeout", "30"))
-    assert f"finished on {len(survivors)} of 4 rank(s)" in result.output, result.output[-4000:]
-    reports = [result.ranks[m] for m in survivors]
+    args, slots, elastic = SCENARIOS[scenario]
+    result = _launch("elastic_job", 4, tuple(args), timeout=280, backend=backend,
+                     launcher_args=("--elastic", elastic, "--timeout", "30"))
+    assert f"finished on {len(slots)} rank(s)" in result.output, result.output[-4000:]
+    reports = [result.ranks[slot] for slot in slots]
+    members = sorted(report["member"] for report in reports)
     for report in reports:
         assert report, result.output[-4000:]
-        assert report["members"] == survivors and report["size"] == len(survivors) and report["generation"] >= 1
-        assert report["epochs"] == report["serial_epochs"] == [0, 1, 2, 3]
+        assert report["members"] == members and report["size"] == len(slots) and report["generation"] >= 1
+        # A replacement's History begins with the epoch it joined at.
+        assert report["epochs"] == report["serial_epochs"][-len(report["epochs"]):] and report["epochs"][-1] == 3
         assert report["variables_error"] <= TOL * max(1.0, report["scale"]), report
         for key, values in report["serial_history"].items():
             got = report["history"][key]
-            assert len(got) == len(values) and all(map(close, got, values)), (key, got, values)
+            assert all(map(close, got, values[-len(got):])), (key, got, values)
         for key, value in report["serial_evaluated"].items():
             assert close(report["evaluated"][key], value), (key, report["evaluated"], report["serial_evaluated"])
-    for victim in set(range(4)) - set(survivors):
+    lost = [int(a.split("@")[0]) for a in args if not a.startswith("wait")]
+    for victim in lost:
         assert f"rank {victim} (host localhost, local rank {victim}) is lost" in result.output
+    if scenario == "replacement":
+        assert members == [0, 1, 3, 4] and "joined: rank 4" in result.output, result.output[-4000:]
+        assert [r["epochs"] for r in reports if r["member"] == 4] == [[2, 3]]
 
 
 @pytest.mark.timeout(300)

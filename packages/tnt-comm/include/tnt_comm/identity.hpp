@@ -32,6 +32,9 @@ struct Identity {
   // store that outlives every one of them (held by the launcher at TNT_MASTER_ADDR/PORT; rank 0
   // starts none), and after losing a rank the survivors may re-form the job (Runtime::shrink).
   int elastic_min = 0;
+  // TNT_JOIN: -1 (unset), or the member id of a replacement process (tnt-launch --elastic MIN:MAX):
+  // it waits at the store until the job admits it (Runtime::admit), then meets the job's ranks.
+  int join_as = -1;
 
   // Reads TNT_* variables; without TNT_SIZE, in a Slurm step of several tasks (plain srun), forms
   // the job from Slurm's variables; otherwise (or with TNT_SIZE=1) describes a single rank.

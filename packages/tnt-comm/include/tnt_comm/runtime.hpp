@@ -46,6 +46,12 @@ class Runtime {
   // PeerFailure where fewer than MIN ranks are left, InvalidArgument where the job is not elastic or
   // nothing failed, and Error for a failure that re-forming would not cure (a mismatch).
   static Runtime& shrink();
+  // For an elastic job: admits the replacement processes (TNT_JOIN) that asked to join since the
+  // last call, forming a new generation with them after the current ranks (their ranks unchanged).
+  // Collective over the world, called at a point every rank reaches alike (tnt-keras: an epoch's
+  // start): rank 0 looks at the store, one broadcast tells the others. Returns whether the world
+  // changed; false at once in a job that is not elastic.
+  static bool admit();
 
   ~Runtime();
   Runtime(const Runtime&) = delete;

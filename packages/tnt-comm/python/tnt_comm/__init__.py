@@ -39,6 +39,7 @@ __all__ = [
     "Work",
     "allgather",
     "allgatherv",
+    "admit",
     "allreduce",
     "barrier",
     "broadcast",
@@ -145,6 +146,23 @@ def shrink() -> Group:
     _identity_cache.clear()
     _core.shrink()
     return world()
+
+
+def admit() -> bool:
+    """Admits into an elastic job the replacement processes that asked to join (tnt-launch starts
+    them, with ``TNT_JOIN``), after the current ranks, and returns whether the world changed (then,
+    as after ``shrink``, the old world's groups and handles raise; make new ones). Collective: every
+    rank calls it at the same point of its program (tnt-keras: each epoch's start). Costs one
+    broadcast of a number where nobody asked; returns False at once where the job is not elastic.
+    A replacement's own first call of tnt_comm waits until it is admitted."""
+    global _world
+    init()
+    if not _core.admit():
+        return False
+    _inflight.clear()
+    _world = None
+    _identity_cache.clear()
+    return True
 
 
 def membership() -> tuple[int, list[int]]:

@@ -59,6 +59,9 @@ START_TIMEOUT_S = "TNT_START_TIMEOUT_S"  # how long the ranks may take to meet
 # The fewest ranks an elastic job may go on with (tnt-launch --elastic MIN); set, the store at
 # MASTER_ADDR/PORT is the launcher's (it outlives every rank) and survivors may re-form the job.
 ELASTIC = "TNT_ELASTIC"
+# A replacement rank of an elastic job (tnt-launch --elastic MIN:MAX): the member id it joins as; it
+# waits at the store until the job admits it (tnt_comm.admit, at a tnt-keras fit's epoch start).
+JOIN = "TNT_JOIN"
 GPI2_PORT_BASE = "TNT_GPI2_PORT_BASE"  # GPI-2's first port on every host (--transport gpi2)
 FUSION_THRESHOLD_KB = "TNT_FUSION_THRESHOLD_KB"  # the smallest gradient bucket of tnt-keras
 

@@ -27,6 +27,17 @@ from . import state
 from .runtime import logger
 
 FAILURES = (tnt_comm.PeerFailure, tnt_comm.Timeout)
+JOIN = contract.JOIN  # set in tnt-launch's replacement ranks: the member id each joins as
+_joined = False  # this replacement's first fit has learnt the epoch it joins at
+
+
+class Grown(Exception):
+    """Replacement ranks were admitted as ``epoch`` was about to begin: the fit goes on from there
+    with them (not an error: ``fit`` catches it)."""
+
+    def __init__(self, epoch: int) -> None:
+        super().__init__(f"the job grew at epoch {epoch}")
+        self.epoch = epoch
 
 
 def enabled() -> bool:
@@ -47,6 +58,9 @@ class EpochStart(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         self.epoch = epoch
+        # Replacements that wait are admitted where every rank is alike: here (one broadcast).
+        if tnt_comm.admit():
+            raise Grown(epoch)
         self.saved[epoch] = [np.array(keras.ops.convert_to_numpy(v.value)) for v in self.variables()]
         for old in [e for e in self.saved if e < epoch - 1]:
             del self.saved[old]
@@ -59,13 +73,9 @@ class EpochStart(keras.callbacks.Callback):
             variable.assign(value)
 
 
-def reform(tnt_model: keras.Model, error: BaseException, what: str) -> None:
-    """After ``error`` (a lost rank): re-forms the job with the survivors and points the model's
-    hooks at it; ``what`` the caller does next, for the log line. Collective over the survivors.
-    Raises where the job cannot go on (fewer than MIN ranks, this rank left out)."""
-    before = tnt_comm.size()
-    lost = list(getattr(error, "ranks", ()) or ())
-    tnt_comm.shrink()
+def _follow_the_job(tnt_model: keras.Model) -> None:
+    """Points the model's hooks at the job as it is now, after it re-formed: the rank and size the
+    wrapper keeps, the collectives the backend keeps, the traced step functions."""
     mine = state.of(tnt_model)
     mine.rank, mine.size = tnt_comm.rank(), tnt_comm.size()
     inner = tnt_model.model
@@ -73,12 +83,44 @@ def reform(tnt_model: keras.Model, error: BaseException, what: str) -> None:
     tnt_model._backend.forget_collectives(inner)
     # Traced with the old job's collectives in flight: traced again.
     inner.train_function = inner.test_function = inner.predict_function = None
+
+
+def reform(tnt_model: keras.Model, error: BaseException, what: str) -> None:
+    """After ``error`` (a lost rank): re-forms the job with the survivors and points the model's
+    hooks at it; ``what`` the caller does next, for the log line. Collective over the survivors.
+    Raises where the job cannot go on (fewer than MIN ranks, this rank left out)."""
+    before = tnt_comm.size()
+    lost = list(getattr(error, "ranks", ()) or ())
+    tnt_comm.shrink()
+    _follow_the_job(tnt_model)
     generation, members = tnt_comm.membership()
     logger.warning(
         "lost rank(s) %s of %d (%s); the job re-formed with %d rank(s) (generation %d: members %s) and %s",
-        ", ".join(map(str, lost)) or "?", before, type(error).__name__, mine.size, generation,
+        ", ".join(map(str, lost)) or "?", before, type(error).__name__, tnt_comm.size(), generation,
         ", ".join(map(str, members)), what,
     )
+
+
+def grown(tnt_model: keras.Model, epoch: int, before: int) -> int:
+    """After replacements joined at ``epoch``: points the model's hooks at the job, tells the new
+    ranks the epoch (their fit's first collective) and returns it."""
+    _follow_the_job(tnt_model)
+    generation, members = tnt_comm.membership()
+    logger.warning(
+        "%d replacement rank(s) joined; the job has %d rank(s) (generation %d: members %s) from epoch %d on",
+        tnt_comm.size() - before, tnt_comm.size(), generation, ", ".join(map(str, members)), epoch + 1,
+    )
+    return int(tnt_comm.broadcast(np.array([epoch], np.int64), root=0)[0])
+
+
+def joined_epoch(first_epoch: int) -> int:
+    """In a replacement's first fit: the epoch the job is at, from rank 0 (``grown``'s broadcast);
+    elsewhere ``first_epoch``."""
+    global _joined
+    if _joined or JOIN not in os.environ:
+        return first_epoch
+    _joined = True
+    return int(tnt_comm.broadcast(np.array([first_epoch], np.int64), root=0)[0])
 
 
 def epoch_to_redo(epoch_start: EpochStart, first_epoch: int) -> int:

@@ -42,6 +42,19 @@ def _summed(variables: Sequence[Any]) -> Iterator[None]:
         _reducing.active = False
 
 
+@contextlib.contextmanager
+def local() -> Iterator[None]:
+    """Within the block, metric results are this rank's own, with no collective: for a model's
+    symbolic build, whose results nobody reads, and which a replacement rank of an elastic job runs
+    alone while the others are built already."""
+    before = _reducing.active
+    _reducing.active = True
+    try:
+        yield
+    finally:
+        _reducing.active = before
+
+
 def _global_result(metric: keras.metrics.Metric) -> None:
     if metric in _global_metrics:
         return

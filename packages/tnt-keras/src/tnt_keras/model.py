@@ -334,7 +334,8 @@ class Model(keras.Model):
             optimizer is not None and not optimizer.built
         )
         if unbuilt:
-            self._backend.build(inner, ds)
+            with metrics.local():
+                self._backend.build(inner, ds)
         metrics.install_global_metrics(inner, state.of(self).size)
         with timeline.span("broadcast of rank 0's variables"):
             shared_variables.broadcast_variables(shared_variables.model_and_optimizer_variables(inner))
@@ -430,15 +431,17 @@ class Model(keras.Model):
                 what="validation dataset",
             )
 
-        def run(ds: Any, val_ds: Any, first_epoch: int, resuming: bool, before: list[Any]) -> Any:
+        def run(ds: Any, val_ds: Any, first_epoch: int, resuming: bool, after: list[Any]) -> Any:
             self._prepare_variables(ds)
             with self._backend.explain_errors("fit"):
                 history = self._model.fit(
                     ds,
                     epochs=epochs,
                     verbose=self._verbose(verbose),
-                    callbacks=before
-                    + _with_preemption_watch(tnt_callbacks.wrap_all(callbacks, self, resuming=resuming)),
+                    # The copy of the variables an epoch begins with comes last: after the callbacks
+                    # that set them for the epoch (a learning rate schedule), inside their timings.
+                    callbacks=_with_preemption_watch(tnt_callbacks.wrap_all(callbacks, self, resuming=resuming))
+                    + after,
                     validation_data=val_ds,
                     class_weight=class_weight,
                     initial_epoch=first_epoch,
@@ -459,7 +462,8 @@ class Model(keras.Model):
         train the epoch it was lost in again, from the variables that epoch began with."""
         epoch_start = elastic.EpochStart(lambda: shared_variables.model_and_optimizer_variables(self._model))
         done = elastic.Epochs()
-        first, resuming = initial_epoch, False
+        first = elastic.joined_epoch(initial_epoch)
+        resuming = False
         while True:
             ds, val_ds = datasets()
             for data in (ds,):  # the order of the epoch redone is the order it had
@@ -473,8 +477,11 @@ class Model(keras.Model):
                 attempt = getattr(self._model, "history", None)
                 elastic.reform(self, e, "trains the epoch it was lost in again")
                 first = elastic.epoch_to_redo(epoch_start, first)
-                done.keep(attempt if attempt is not before else None, first)
-                resuming = True
+            except elastic.Grown as e:
+                attempt = getattr(self._model, "history", None)
+                first = elastic.grown(self, e.epoch, state.of(self).size)
+            done.keep(attempt if attempt is not before else None, first)
+            resuming = True
 
     def evaluate(
         self,

@@ -5,13 +5,16 @@ weights, optimizer state, every epoch's logs (History, validation included) and 
 Arguments: kills as MEMBER@EPOCH:WHERE[:BATCH], MEMBER being the rank in the job's first
 generation, WHERE one of "batch" (before training batch BATCH of epoch EPOCH), "epoch_end" (at
 the end of epoch EPOCH, after its validation), "validation" (before validation batch BATCH of epoch
-EPOCH) and "evaluate" (before batch BATCH of the evaluate after the fit). Every rank that is left
-writes its report."""
+EPOCH) and "evaluate" (before batch BATCH of the evaluate after the fit). "wait@EPOCH": every rank
+waits at the start of epoch EPOCH until a replacement rank (tnt-launch --elastic MIN:MAX) has
+started, so that it joins the fit then. Every rank that is left writes its report."""
 
 import _quick_start  # noqa: F401, I001  (first: the collector waits out the imports)
 import os
 import signal
 import sys
+import time
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -24,12 +27,18 @@ x = np.random.RandomState(0).rand(96, 8).astype("float32")
 y = (x.sum(axis=1, keepdims=True) > 4).astype("float32")
 x_val, y_val = x[:48] * 0.5, y[:48]
 
-kills = []
+STARTED = Path(os.environ["TNT_TEST_OUT"], "replacement-started")
+if "TNT_JOIN" in os.environ:  # a replacement: say so before its first call of tnt_comm waits to join
+    STARTED.touch()
+kills, wait_at = [], None
 for arg in sys.argv[1:]:
     member, rest = arg.split("@")
+    if member == "wait":
+        wait_at = int(rest)
+        continue
     epoch, where, *batch = rest.split(":")
     kills.append((int(member), int(epoch), where, int(batch[0]) if batch else 0))
-member = tnt_comm.rank()  # its rank in the first generation
+member = tnt_comm.membership()[1][tnt_comm.rank()]  # its rank in the first generation, or its id as a replacement
 
 
 def build() -> keras.Model:
@@ -55,6 +64,11 @@ class Killer(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
+        if epoch == wait_at and "TNT_JOIN" not in os.environ:
+            deadline = time.monotonic() + 120
+            while not STARTED.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.5)  # its import done, it asks the store to join within moments
 
     def on_train_batch_begin(self, batch, logs=None):
         self._maybe("batch", batch)

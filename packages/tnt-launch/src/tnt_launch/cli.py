@@ -81,16 +81,15 @@ def _non_negative_int(text: str) -> int:
     return int(text)
 
 
-def _elastic(text: str) -> int:
-    """--elastic MIN: the fewest ranks the job may go on with (at least 1)."""
-    if ":" in text:
+def _elastic(text: str) -> tuple[int, int | None]:
+    """--elastic MIN[:MAX]: the fewest ranks the job may go on with (at least 1), and the most it may
+    have with the replacements tnt-launch starts for lost ones (None: no replacements)."""
+    low, colon, high = text.partition(":")
+    if not low.isdigit() or int(low) < 1 or (colon and (not high.isdigit() or int(high) < int(low))):
         raise argparse.ArgumentTypeError(
-            f"{text!r}: --elastic takes MIN only; a MAX (replacement ranks that join a running job) "
-            "is not supported yet"
+            f"expected MIN or MIN:MAX, whole numbers with 1 <= MIN <= MAX, got {text!r}"
         )
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected the fewest ranks to go on with, a whole number >= 1, got {text!r}")
-    return int(text)
+    return int(low), int(high) if colon else None
 
 
 def _timeout(text: str) -> float:
@@ -202,12 +201,17 @@ def _runtime_options(parser: argparse.ArgumentParser) -> None:
                          help="give up when the ranks have not all started and met within SECONDS; "
                               "'inf' waits forever (default: the library's, the collective timeout "
                               "but at least 60 s)")
-    runtime.add_argument("--elastic", dest="elastic_min", type=_elastic, metavar="MIN",
+    runtime.add_argument("--elastic", dest="elastic", type=_elastic, metavar="MIN[:MAX]",
                          help="keep the job going when ranks are lost (killed, their host gone), as "
                               "long as MIN ranks are left: the survivors re-form the job and a "
-                              "tnt-keras fit goes on, still equal to serial training. tnt-launch "
-                              "then holds the job's rendezvous store itself (default: the job ends "
-                              "with its first lost rank)")
+                              "tnt-keras fit goes on, still equal to serial training; with MAX, "
+                              "tnt-launch starts a replacement for each lost rank (on its host, up to "
+                              "MAX ranks and --max-restarts replacements), which joins at the next "
+                              "epoch. tnt-launch then holds the job's rendezvous store itself "
+                              "(default: the job ends with its first lost rank)")
+    runtime.add_argument("--max-restarts", dest="max_restarts", type=_non_negative_int, metavar="N",
+                         help="with --elastic MIN:MAX: the most replacement ranks tnt-launch starts "
+                              "in the whole job (default: 3)")
     runtime.add_argument("-x", dest="exports", action="extend", nargs="+", default=[],
                          metavar="KEY=VALUE",
                          help="export KEY=VALUE (or KEY with its current value) to every rank; "
@@ -276,11 +280,15 @@ def _check_combinations(args: argparse.Namespace, command: Sequence[str]) -> Non
         raise UsageError("--dry-run cannot be combined with --cleanup")
     if not command and not args.cleanup:
         raise UsageError(f"no script given: {USAGE}")
-    if args.elastic_min is not None and args.transport == "gpi2":
+    if args.elastic is not None and args.transport == "gpi2":
         raise UsageError("--elastic runs over shm and tcp (--transport auto, shm or tcp): GPI-2 starts "
                          "once per process, so a job over it cannot re-form")
-    if args.elastic_min is not None and args.nprocs is not None and args.elastic_min > args.nprocs:
-        raise UsageError(f"--elastic {args.elastic_min} asks for more ranks than -n {args.nprocs} starts")
+    if args.elastic is not None and args.nprocs is not None and args.elastic[0] > args.nprocs:
+        raise UsageError(f"--elastic {args.elastic[0]} asks for more ranks than -n {args.nprocs} starts")
+    if args.elastic is not None and args.nprocs is not None and (args.elastic[1] or args.nprocs) < args.nprocs:
+        raise UsageError(f"--elastic {args.elastic[0]}:{args.elastic[1]}: MAX is below the {args.nprocs} ranks -n starts")
+    if args.max_restarts is not None and (args.elastic is None or args.elastic[1] is None):
+        raise UsageError("--max-restarts counts the replacements of --elastic MIN:MAX; give a MAX")
     if args.transport == "gpi2" and not args.cleanup:
         info = check_build.comm_info()
         if info is not None and "gpi2" not in info["transports"]:
@@ -366,7 +374,9 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
         fusion_threshold_kb=args.fusion_threshold_kb,
         timeout_s=args.timeout_s,
         start_timeout_s=args.start_timeout_s,
-        elastic_min=args.elastic_min,
+        elastic_min=None if args.elastic is None else args.elastic[0],
+        elastic_max=None if args.elastic is None else args.elastic[1],
+        max_restarts=3 if args.max_restarts is None else args.max_restarts,
         transport=args.transport,
         exports=exports,
         python_interpreter=interpreter,

@@ -13,7 +13,7 @@ FOREVER_S = 1e9
 the ranks as TNT_TIMEOUT_S=inf, so that no deadline computed from it can overflow."""
 
 # Variables tnt-launch computes for every rank; `-x` may not set them.
-RESERVED_ENV = (*contract.IDENTITY, "CUDA_VISIBLE_DEVICES")
+RESERVED_ENV = (*contract.IDENTITY, contract.ELASTIC, contract.JOIN, "CUDA_VISIBLE_DEVICES")
 
 
 class LaunchError(Exception):
@@ -55,6 +55,10 @@ class LaunchConfig:
     """Seconds the ranks may take to meet at start; math.inf: no limit; None: the library's."""
     elastic_min: int | None = None
     """--elastic MIN: the job goes on while MIN ranks are left; None: it ends with its first lost rank."""
+    elastic_max: int | None = None
+    """--elastic MIN:MAX: replacements for lost ranks, up to MAX ranks; None: no replacements."""
+    max_restarts: int = 3
+    """--max-restarts: the most replacements in the whole job (with a MAX)."""
     transport: str = "auto"
     exports: tuple[tuple[str, str], ...] = ()
     python_interpreter: tuple[str, ...] = ()

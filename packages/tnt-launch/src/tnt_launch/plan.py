@@ -369,6 +369,8 @@ def build_plan(
     counts = [_ranks_per_host(config, h, facts[h.name]) for h in hosts]
     if config.elastic_min is not None and config.elastic_min > sum(counts):
         raise PlanError(f"--elastic {config.elastic_min} asks for more ranks than the job's {sum(counts)}")
+    if config.elastic_max is not None and config.elastic_max < sum(counts):
+        raise PlanError(f"--elastic {config.elastic_min}:{config.elastic_max}: MAX is below the job's {sum(counts)} ranks")
     warnings, notes = ([], []) if config.no_gpu else _gpu_shortage(hosts, counts, facts, per_gpu)
     use_gpus = not config.no_gpu and not warnings and not notes
     master_addr = identity.master_addr or _master_addr(hosts)

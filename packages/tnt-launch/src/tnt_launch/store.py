@@ -68,6 +68,10 @@ class ElasticStore:
             self._marks.append(((self._prefix + f"lost/{rank}").encode(), why.encode()[:4096]))
         os.write(self._wake_w, b"m")
 
+    def admitted(self, member: int) -> bool:
+        """Whether the job admitted the replacement that joins as `member` (tnt_comm.admit)."""
+        return (self._prefix + f"admitted/{member}").encode() in self._data
+
     def take_decisions(self) -> list[tuple[int, list[int]]]:
         """The generations the survivors agreed on since the last call: (generation, the member ids,
         which are generation 0's ranks, in their new rank order)."""

@@ -20,6 +20,7 @@ and the summary names the host.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import selectors
@@ -30,7 +31,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, BinaryIO
 
-from tnt_launch import blame, jobs, quiet
+from tnt_launch import blame, contract, jobs, quiet
 from tnt_launch.config import LaunchConfig
 from tnt_launch.plan import Plan, RankSpec
 from tnt_launch.rank_run import (
@@ -79,6 +80,12 @@ class Supervisor:
         """An elastic job's store (--elastic), where lost ranks are marked; None: not elastic."""
         self.lost: list[RankRun] = []
         """Ranks of an elastic job that ended with a failure, or were left out, while enough others went on."""
+        self.joining: list[RankRun] = []
+        """Replacement ranks of an elastic job (--elastic MIN:MAX), each joining as a new member."""
+        self.unneeded: list[RankRun] = []
+        """Replacements stopped because the job ended before it admitted them."""
+        self.next_member = len(plan.ranks)  # replacements get new member ids, after the first ranks'
+
         self.left_out: dict[int, tuple[float, int, list[int]]] = {}
         """Ranks an elastic job re-formed without while they still ran: when that was heard, and the
         generation (number, members) that left them out."""
@@ -143,6 +150,8 @@ class Supervisor:
 
     def _add(self, run: RankRun) -> None:
         self.runs.append(run)
+        if contract.JOIN in run.spec.env:
+            self.joining.append(run)
         if self.config.output_dir is not None:
             for stream, suffix in (("out", "out"), ("err", "err")):
                 path = os.path.join(self.config.output_dir, f"rank-{run.spec.rank}.{suffix}")
@@ -264,7 +273,7 @@ class Supervisor:
         run.failed_on_its_own = True
         if run.heard_at is None:
             run.heard_at = time.monotonic()
-        if run in self.lost or (self.first_failure is None and self._goes_on_without(run)):
+        if run in self.lost or run in self.unneeded or (self.first_failure is None and self._goes_on_without(run)):
             return
         if self.first_failure is None:
             self.first_failure = run
@@ -276,14 +285,32 @@ class Supervisor:
         config = self.config
         if self.store is None or config.elastic_min is None or self.stopping:
             return False
-        left = sum(1 for r in self.runs if r.running) + len(self.pending)
+        # Replacements still waiting to be admitted cannot carry the job on.
+        waiting = [r for r in self.joining if r.running and not self.store.admitted(r.spec.rank)]
+        left = sum(1 for r in self.runs if r.running and r not in waiting)
+        left += sum(1 for spec in self.pending if contract.JOIN not in spec.env)
         if left < config.elastic_min:
             return False
         self.lost.append(run)
         how = self._describe_failure(run)
         self.store.mark_lost(run.spec.rank, f"tnt-launch saw it end: {how}")
         self._say(f"{self._where(run)} is lost: it {how}; the job goes on with {left} rank(s) (--elastic {config.elastic_min})")
+        self._replace(run, left)
         return True
+
+    def _replace(self, run: RankRun, left: int) -> None:
+        """Starts a replacement for `run` on its host (--elastic MIN:MAX), as a new member that the
+        job admits at its next epoch, while MAX ranks and --max-restarts replacements allow it."""
+        config = self.config
+        started = len(self.joining) + sum(1 for spec in self.pending if contract.JOIN in spec.env)
+        if config.elastic_max is None or left >= config.elastic_max or started >= config.max_restarts:
+            return
+        member = self.next_member
+        self.next_member += 1
+        env = {**run.spec.env, contract.JOIN: str(member)}
+        self.pending.append(dataclasses.replace(run.spec, rank=member, env=env))
+        self._say(f"starting rank {member} on host {run.spec.host} in place of rank {run.spec.rank} "
+                  f"(replacement {started + 1} of at most {config.max_restarts}); it joins at the next epoch")
     def _check_generations(self, now: float) -> None:
         """Stops the ranks an elastic job re-formed without while they still run (a stopped rank, a
         host behind a cut link): they are out of the job. A rank that was left out because it died
@@ -292,8 +319,11 @@ class Supervisor:
         in the summary."""
         if self.store is None:
             return
+        self._stop_unneeded_joiners()
         for generation, members in self.store.take_decisions():
             for run in self.runs:
+                if run in self.joining and not self.store.admitted(run.spec.rank):
+                    continue  # not a member of any generation yet: it waits to join
                 if run.running and run.spec.rank not in members and run.spec.rank not in self.left_out:
                     self.left_out[run.spec.rank] = (now, generation, members)
         for run in self.runs:
@@ -313,6 +343,19 @@ class Supervisor:
                 run.status = RankStatus(None, error="did not answer")
                 for stream in run.streams:
                     self._close_stream(stream)
+
+    def _stop_unneeded_joiners(self) -> None:
+        """A replacement that still waits to be admitted when every member has ended will never be:
+        it is stopped, and its end is no failure."""
+        waiting = [r for r in self.joining if r.running and not self.store.admitted(r.spec.rank)]  # type: ignore[union-attr]
+        members = [r for r in self.runs if r not in waiting]
+        if not waiting or any(r.running for r in members) or self.pending:
+            return
+        for run in waiting:
+            if run not in self.unneeded:
+                self.unneeded.append(run)
+                self._say(f"{self._where(run)} was not needed: the job ended before it could join; stopping it")
+                run.send(b"T")
 
     def _check_reports(self, now: float) -> None:
         """Starts failing the job for a rank that reported the error it ends with FATAL_GRACE_S ago
@@ -600,11 +643,13 @@ class Supervisor:
             )
         else:
             code = 0
-            if self.lost:
-                lost = "; ".join(f"{self._where(r)} {self._describe_failure(r)}" for r in self.lost)
+            if self.lost or self.joining:
+                finished = [r for r in self.runs if r.status is not None and r.status.ok]
+                lost = "; ".join(f"{self._where(r)} {self._describe_failure(r)}" for r in self.lost) or "none"
+                joined = [r for r in self.joining if r not in self.unneeded and r not in self.lost]
                 self._say(
-                    f"job {self.plan.job_id} finished on {len(self.runs) - len(self.lost)} of {len(self.runs)} "
-                    f"rank(s); lost on the way: {lost}"
+                    f"job {self.plan.job_id} finished on {len(finished)} rank(s); lost on the way: {lost}"
+                    + (f"; joined: {_ranks([r.spec.rank for r in joined])}" if joined else "")
                 )
         for host in self.silent_hosts:
             ranks = [r.spec.rank for r in self.silent if r.spec.host == host]
