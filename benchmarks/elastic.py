@@ -1,8 +1,11 @@
-"""What an elastic tnt-comm job costs: the recovery time after a rank is killed (from its death to
-the survivors' first collective in the re-formed job) and the steady-state cost of TNT_ELASTIC on an
-allreduce loop, each against the same job without it, in one run.
+"""What an elastic job costs: the recovery time after a rank is killed (from its death to the
+survivors' first collective in the re-formed job) and the steady-state cost of TNT_ELASTIC on an
+allreduce loop, each against the same job without it, in one run; then, with --keras BACKEND, the
+recovery of a Keras fit under tnt-launch --elastic (from the death to the end of the first training
+step of the re-formed job: re-forming, restoring the epoch's variables, tracing the step again).
 
-    python benchmarks/elastic.py [--ranks 4] [--trials 5]      (nox -s bench_elastic)
+    python benchmarks/elastic.py [--ranks 4] [--trials 5] [--keras torch tensorflow]
+                                                              (nox -s bench_elastic)
 
 Each trial starts N ranks over shared memory (one host) or TCP (every rank a host of its own) with
 `python -m tnt_comm.store` as the store that outlives them. Rank N-1 kills itself (SIGKILL) after
@@ -98,16 +101,75 @@ def trial(n: int, transport: str, elastic: bool, kill: bool, calls: int, folder:
     return result
 
 
+FIT = r"""
+import os, signal, sys, time
+import numpy as np, keras, tnt_comm, tnt_keras as tnt
+
+out = sys.argv[1]
+x = np.random.RandomState(0).rand(2048, 28, 28, 1).astype("float32")
+y = np.random.RandomState(1).randint(0, 10, 2048)
+keras.utils.set_random_seed(7)
+model = tnt.Model(keras.Sequential([
+    keras.Input((28, 28, 1)), keras.layers.Conv2D(6, 5, activation="relu"), keras.layers.MaxPooling2D(),
+    keras.layers.Conv2D(16, 5, activation="relu"), keras.layers.MaxPooling2D(), keras.layers.Flatten(),
+    keras.layers.Dense(120, activation="relu"), keras.layers.Dense(84, activation="relu"), keras.layers.Dense(10)]))
+model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+member = tnt_comm.rank()
+
+
+class Clock(keras.callbacks.Callback):
+    epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if member == 3 and self.epoch == 1 and batch == 4 and tnt_comm.membership()[0] == 0:
+            open(out + ".death", "w").write(repr(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if tnt_comm.membership()[0] == 1 and not os.path.exists(f"{out}.{member}"):
+            open(f"{out}.{member}", "w").write(repr(time.time()))
+
+
+model.fit(x, y, batch_size=256, epochs=3, shuffle=False, verbose=0,
+          callbacks=[tnt.callbacks.Callback(Clock(), aggregate_logs=False)])
+"""
+
+
+def keras_recovery(backend: str, folder: Path) -> float:
+    """Seconds from rank 3's death to the last survivor's first step in the re-formed job."""
+    script = folder / "fit.py"
+    script.write_text(FIT)
+    out = folder / secrets.token_hex(6)
+    launch = [sys.executable, "-m", "tnt_launch", "-n", "4", "--no-gpu", "--elastic", "2", "--timeout", "60"]
+    subprocess.run([*launch, "--", str(script), str(out)], env={**os.environ, "KERAS_BACKEND": backend},
+                   check=True, capture_output=True, timeout=600)
+    death = float(Path(f"{out}.death").read_text())
+    return max(float(Path(f"{out}.{m}").read_text()) for m in range(3)) - death
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--keras", nargs="*", default=[], metavar="BACKEND",
+                        help="also time a Keras fit's recovery on these backends (torch, tensorflow, jax)")
+    parser.add_argument("--no-comm", action="store_true", help="skip the tnt-comm measurements")
     args = parser.parse_args()
-    print(f"{args.ranks} ranks, 256 KiB allreduce, medians of {args.trials} trials (cpus: {os.cpu_count()})")
-    print(f"{'transport':<10} {'plain us/call':>14} {'elastic us/call':>16} {'ratio':>7} {'recovery ms':>12}")
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
+        for backend in args.keras:
+            times = [keras_recovery(backend, folder) for _ in range(args.trials)]
+            print(f"Keras fit on {backend}, 4 ranks, rank 3 killed in epoch 1: death to the next step "
+                  f"{statistics.median(times):.2f} s (median of {len(times)}; min {min(times):.2f}, "
+                  f"max {max(times):.2f})", flush=True)
+        if args.no_comm:
+            return
+        print(f"{args.ranks} ranks, 256 KiB allreduce, medians of {args.trials} trials (cpus: {os.cpu_count()})")
+        print(f"{'transport':<10} {'plain us/call':>14} {'elastic us/call':>16} {'ratio':>7} {'recovery ms':>12}")
         for transport in ("shm", "tcp"):
             plain, elastic, recovery = [], [], []
             for _ in range(args.trials):

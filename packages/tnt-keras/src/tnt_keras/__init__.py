@@ -22,7 +22,7 @@ setup_logging()  # first, so that building the TF op logs in tnt's format and on
 from . import backends, callbacks, models, preemption, timeline  # noqa: E402
 from .model import Model  # noqa: E402
 from .preemption import preempted  # noqa: E402
-from .runtime import get_local_rank, get_master_rank, get_rank, get_size, is_master_rank  # noqa: E402
+from .runtime import get_local_rank, get_master_rank, get_rank, get_size, is_master_rank, membership  # noqa: E402
 from .sync_batch_norm import SyncBatchNormalization  # noqa: E402
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "get_rank",
     "get_size",
     "is_master_rank",
+    "membership",
     "models",
     "preempted",
     "timeline",

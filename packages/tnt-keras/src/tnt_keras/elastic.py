@@ -23,7 +23,7 @@ import numpy as np
 import tnt_comm
 from tnt_comm import contract
 
-from . import state
+from . import state, timeline
 from .runtime import logger
 
 FAILURES = (tnt_comm.PeerFailure, tnt_comm.Timeout)
@@ -91,8 +91,9 @@ def reform(tnt_model: keras.Model, error: BaseException, what: str) -> None:
     Raises where the job cannot go on (fewer than MIN ranks, this rank left out)."""
     before = tnt_comm.size()
     lost = list(getattr(error, "ranks", ()) or ())
-    tnt_comm.shrink()
-    _follow_the_job(tnt_model)
+    with timeline.span("job re-formed without lost ranks", lost=lost, error=type(error).__name__):
+        tnt_comm.shrink()
+        _follow_the_job(tnt_model)
     generation, members = tnt_comm.membership()
     logger.warning(
         "lost rank(s) %s of %d (%s); the job re-formed with %d rank(s) (generation %d: members %s) and %s",
@@ -104,7 +105,8 @@ def reform(tnt_model: keras.Model, error: BaseException, what: str) -> None:
 def grown(tnt_model: keras.Model, epoch: int, before: int) -> int:
     """After replacements joined at ``epoch``: points the model's hooks at the job, tells the new
     ranks the epoch (their fit's first collective) and returns it."""
-    _follow_the_job(tnt_model)
+    with timeline.span("replacement ranks joined", epoch=epoch):
+        _follow_the_job(tnt_model)
     generation, members = tnt_comm.membership()
     logger.warning(
         "%d replacement rank(s) joined; the job has %d rank(s) (generation %d: members %s) from epoch %d on",

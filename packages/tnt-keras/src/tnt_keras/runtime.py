@@ -31,6 +31,14 @@ def get_size() -> int:
     return tnt_comm.size()
 
 
+def membership() -> tuple[int, list[int]]:
+    """``(generation, members)`` of the job: the generation is 0 until an elastic job (tnt-launch
+    --elastic) first re-forms, then counts each change (ranks lost, replacements joined);
+    ``members[r]`` is the id of rank r for life (its rank when the job started; a replacement's is
+    new). A script can see with it what happened to its job."""
+    return tnt_comm.membership()
+
+
 def get_local_rank() -> int:
     """This process's index among the ranks on its host."""
     return tnt_comm.local_rank()

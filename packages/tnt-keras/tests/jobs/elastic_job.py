@@ -6,15 +6,15 @@ Arguments: kills as MEMBER@EPOCH:WHERE[:BATCH], MEMBER being the rank in the job
 generation, WHERE one of "batch" (before training batch BATCH of epoch EPOCH), "epoch_end" (at
 the end of epoch EPOCH, after its validation), "validation" (before validation batch BATCH of epoch
 EPOCH) and "evaluate" (before batch BATCH of the evaluate after the fit). "wait@EPOCH": every rank
-waits at the start of epoch EPOCH until a replacement rank (tnt-launch --elastic MIN:MAX) has
-started, so that it joins the fit then. Every rank that is left writes its report."""
+waits at the start of epoch EPOCH until a replacement rank (tnt-launch --elastic MIN:MAX) has asked
+the job's store to join, so that it joins the fit then. Every rank that is left writes its report."""
 
 import _quick_start  # noqa: F401, I001  (first: the collector waits out the imports)
 import os
+
 import signal
 import sys
 import time
-from pathlib import Path
 
 import keras
 import numpy as np
@@ -27,9 +27,6 @@ x = np.random.RandomState(0).rand(96, 8).astype("float32")
 y = (x.sum(axis=1, keepdims=True) > 4).astype("float32")
 x_val, y_val = x[:48] * 0.5, y[:48]
 
-STARTED = Path(os.environ["TNT_TEST_OUT"], "replacement-started")
-if "TNT_JOIN" in os.environ:  # a replacement: say so before its first call of tnt_comm waits to join
-    STARTED.touch()
 kills, wait_at = [], None
 for arg in sys.argv[1:]:
     member, rest = arg.split("@")
@@ -46,6 +43,21 @@ def build() -> keras.Model:
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
     model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"])
     return model
+
+
+def replacement_waits() -> bool:
+    """Whether a replacement asked the job's store (tnt-launch's) to join: its ``joiners`` count."""
+    import socket
+    import struct
+
+    token = os.environ["TNT_JOB_TOKEN"].encode()
+    key = f"{os.environ['TNT_JOB_ID']}/elastic/joiners".encode()
+    with socket.create_connection((os.environ["TNT_MASTER_ADDR"], int(os.environ["TNT_MASTER_PORT"])), 5) as s:
+        s.sendall(b"TNT1" + struct.pack("<I", len(token)) + token)
+        assert s.recv(1) == b"K"
+        s.sendall(b"T" + struct.pack("<I", len(key)) + key + struct.pack("<I", 0))
+        (length,) = struct.unpack("<I", s.recv(4, socket.MSG_WAITALL))
+        return s.recv(length, socket.MSG_WAITALL).startswith(b"1")
 
 
 class Killer(keras.callbacks.Callback):
@@ -66,9 +78,8 @@ class Killer(keras.callbacks.Callback):
         self.epoch = epoch
         if epoch == wait_at and "TNT_JOIN" not in os.environ:
             deadline = time.monotonic() + 120
-            while not STARTED.exists() and time.monotonic() < deadline:
+            while not replacement_waits() and time.monotonic() < deadline:
                 time.sleep(0.05)
-            time.sleep(0.5)  # its import done, it asks the store to join within moments
 
     def on_train_batch_begin(self, batch, logs=None):
         self._maybe("batch", batch)
