@@ -85,7 +85,6 @@ class Supervisor:
         self.unneeded: list[RankRun] = []
         """Replacements stopped because the job ended before it admitted them."""
         self.next_member = len(plan.ranks)  # replacements get new member ids, after the first ranks'
-
         self.left_out: dict[int, tuple[float, int, list[int]]] = {}
         """Ranks an elastic job re-formed without while they still ran: when that was heard, and the
         generation (number, members) that left them out."""
@@ -311,6 +310,7 @@ class Supervisor:
         self.pending.append(dataclasses.replace(run.spec, rank=member, env=env))
         self._say(f"starting rank {member} on host {run.spec.host} in place of rank {run.spec.rank} "
                   f"(replacement {started + 1} of at most {config.max_restarts}); it joins at the next epoch")
+
     def _check_generations(self, now: float) -> None:
         """Stops the ranks an elastic job re-formed without while they still run (a stopped rank, a
         host behind a cut link): they are out of the job. A rank that was left out because it died
