@@ -60,8 +60,9 @@ Group::Group(const std::shared_ptr<Job>& job, std::vector<int> world_ranks)
 std::shared_ptr<Job> Group::live(const char* what) const {
   std::shared_ptr<Job> rt = job_.lock();
   if (!rt) {
-    throw Error(std::string(what) + ": tnt_comm was finalized; this group (and every collective) "
-                "can no longer be used in this process");
+    throw Error(std::string(what) + ": this group belongs to a job that has ended here: tnt_comm was "
+                "finalized (no collective can run in this process any more), or the elastic job re-formed "
+                "(shrink, admit): use the new world, and make groups again");
   }
   return rt;
 }

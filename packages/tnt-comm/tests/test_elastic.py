@@ -104,7 +104,13 @@ while i < STEPS:
         i += 1
     except (tc.PeerFailure, tc.Timeout) as e:
         failures.append([type(e).__name__, list(e.ranks), program[i], i])
+        old = tc.new_group(list(range(tc.size())))  # a group of the old job (made without communicating)
         tc.shrink()
+        try:  # the old job's groups refuse, saying why (tc.world() is always the current world)
+            old.barrier()
+            raise AssertionError("a group of the old job still ran a collective")
+        except tc.TntError as stale:
+            assert "re-formed" in str(stale), stale
         i = int(tc.allreduce(np.array([i], np.int64), op="min")[0])
 generation, members = tc.membership()
 print("RESULT", json.dumps(dict(member=member, rank=tc.rank(), size=tc.size(), generation=generation,
