@@ -46,10 +46,6 @@ StoreClient connect(const Identity& identity) {
   return StoreClient(identity.master_addr, identity.master_port, identity.token, deadline_after(10));
 }
 
-}  // namespace
-
-namespace {
-
 // What a survivor says at the store: "<node>;<id>,<id>": its host, and the members it saw fail.
 struct Said {
   int node = 0;
@@ -137,10 +133,9 @@ Generation admit_joiners(const Identity& identity, const std::string& job_base, 
   Generation next = now;
   next.generation = now.generation + 1;
   for (long k = done + 1; k <= n; ++k) {
-    const std::string entry = store.get(key(job_base, "joiner/" + std::to_string(k)), deadline_after(60));
-    const std::size_t colon = entry.find(':');
-    next.ids.push_back(std::stoi(entry.substr(0, colon)));
-    next.nodes.push_back(std::stoi(entry.substr(colon + 1)));
+    const Generation joiner = decode(store.get(key(job_base, "joiner/" + std::to_string(k)), deadline_after(60)), 0);
+    next.ids.insert(next.ids.end(), joiner.ids.begin(), joiner.ids.end());
+    next.nodes.insert(next.nodes.end(), joiner.nodes.begin(), joiner.nodes.end());
   }
   if (next.ids.size() == now.ids.size()) return now;
   // The claim may find a decision there already: survivors of a failure that raced this admission.

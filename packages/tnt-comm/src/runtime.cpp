@@ -38,9 +38,7 @@ void Runtime::start(const Identity& identity) {
   if (identity.join_as >= 0) {
     // A replacement: it waits to be admitted, then meets the generation that admitted it.
     const Generation next = wait_for_admission(identity, identity.job_id, identity.join_as);
-    Identity mine = identity_in(identity, identity.job_id, next, identity.join_as);
-    mine.start_timeout_s = std::min(identity.start_timeout_s, identity.timeout_s);
-    g_runtime.reset(new Runtime(std::make_shared<Job>(mine), next.generation, next.ids, identity.job_id));
+    meet(identity, identity.job_id, next.generation, next.ids, next.nodes, identity.join_as);
     return;
   }
   std::vector<int> members(static_cast<std::size_t>(identity.size));
@@ -111,6 +109,25 @@ void Runtime::abandon(const std::string& error) {
                          "rank " + std::to_string(runtime->rank()) + " failed (" + error + ")", true);
 }
 
+void Runtime::meet(const Identity& base, const std::string& job_base, int generation, const std::vector<int>& ids,
+                   const std::vector<int>& nodes, int me) {
+  const Generation next{generation, ids, nodes};
+  if (std::find(ids.begin(), ids.end(), me) == ids.end()) {
+    throw Error("member " + std::to_string(me) + " (rank " + std::to_string(base.rank) +
+                " before) was left out when the job re-formed (" + describe(next) +
+                "): the others took it for lost, so it must leave the job");
+  }
+  Identity mine = identity_in(base, job_base, next, me);
+  mine.start_timeout_s = std::min(base.start_timeout_s, base.timeout_s);  // no imports to wait for
+  g_runtime.reset(new Runtime(std::make_shared<Job>(mine), generation, ids, job_base));
+}
+
+std::vector<int> Runtime::member_nodes() {
+  std::vector<int> nodes;
+  for (int r = 0; r < size(); ++r) nodes.push_back(fabric().node(r));
+  return nodes;
+}
+
 Runtime& Runtime::shrink() {
   std::lock_guard<std::mutex> lock(g_mutex);
   refuse_after_finalize();
@@ -132,8 +149,7 @@ Runtime& Runtime::shrink() {
                     "): re-formed, the same program would fail again",
                 fabric.failure_detail());
   }
-  Generation now{g_runtime->generation_, g_runtime->members_, {}};
-  for (int r = 0; r < identity.size; ++r) now.nodes.push_back(fabric.node(r));
+  Generation now{g_runtime->generation_, g_runtime->members_, g_runtime->member_nodes()};
   const std::string job_base = g_runtime->job_base_;
   const int me = now.ids[static_cast<std::size_t>(identity.rank)];
   std::vector<int> lost = fabric.failure_detail().ranks;
@@ -144,11 +160,7 @@ Runtime& Runtime::shrink() {
   for (int attempt = 0;; ++attempt) {
     const Generation next = agree_on_survivors(mine, job_base, now, lost, deadline);
     const bool kept = std::find(next.ids.begin(), next.ids.end(), me) != next.ids.end();
-    if (!kept) {
-      throw Error("rank " + std::to_string(mine.rank) + " (member " + std::to_string(me) + ") was left out when the job re-formed (" +
-                  describe(next) + "): the other survivors took it for lost, so it must leave the job");
-    }
-    if (static_cast<int>(next.ids.size()) < identity.elastic_min) {
+    if (kept && static_cast<int>(next.ids.size()) < identity.elastic_min) {
       ErrorDetail detail;
       detail.ranks = lost;
       throw PeerFailure(lost.empty() ? -1 : lost.front(), "the job lost ranks and " + std::to_string(next.ids.size()) + " are left (" + describe(next) +
@@ -156,16 +168,15 @@ Runtime& Runtime::shrink() {
                             " it needs (TNT_ELASTIC, tnt-launch --elastic): it ends",
                         std::move(detail));
     }
-    mine = identity_in(identity, job_base, next, me);
-    mine.start_timeout_s = std::min(identity.start_timeout_s, identity.timeout_s);  // no imports to wait for
     try {
-      g_runtime.reset(new Runtime(std::make_shared<Job>(mine), next.generation, next.ids, job_base));
+      meet(identity, job_base, next.generation, next.ids, next.nodes, me);
       return *g_runtime;
     } catch (const Error& e) {
       // A member was lost while the new generation met: agree again without it.
-      if (e.detail().ranks.empty() || attempt >= identity.size) throw;
+      if (!kept || e.detail().ranks.empty() || attempt >= identity.size) throw;
       now = next;
       lost = e.detail().ranks;
+      mine = identity_in(identity, job_base, next, me);
     }
   }
 }
@@ -179,11 +190,10 @@ bool Runtime::admit() {
   }
   if (!runtime) throw InvalidArgument("admit: the runtime has not started");
   const Identity identity = runtime->identity();
-  if (identity.elastic_min == 0 || identity.size == 0) return false;
+  if (identity.elastic_min == 0) return false;
   Fabric& fabric = runtime->fabric();
   if (fabric.failed()) fabric.throw_failure();
-  Generation now{runtime->generation_, runtime->members_, {}};
-  for (int r = 0; r < identity.size; ++r) now.nodes.push_back(fabric.node(r));
+  Generation now{runtime->generation_, runtime->members_, runtime->member_nodes()};
   Generation next = now;
   std::int64_t grew = 0;
   if (identity.rank == 0) {
@@ -205,13 +215,7 @@ bool Runtime::admit() {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (g_runtime == runtime) g_runtime.reset();
   runtime.reset();
-  if (std::find(next.ids.begin(), next.ids.end(), me) == next.ids.end()) {
-    throw Error("rank " + std::to_string(identity.rank) + " (member " + std::to_string(me) +
-                ") was left out when the job re-formed (" + describe(next) + "): it must leave the job");
-  }
-  Identity mine = identity_in(identity, job_base, next, me);
-  mine.start_timeout_s = std::min(identity.start_timeout_s, identity.timeout_s);
-  g_runtime.reset(new Runtime(std::make_shared<Job>(mine), next.generation, next.ids, job_base));
+  meet(identity, job_base, next.generation, next.ids, next.nodes, me);
   return true;
 }
 

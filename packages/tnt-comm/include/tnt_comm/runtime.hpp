@@ -95,6 +95,13 @@ class Runtime {
   Runtime(std::shared_ptr<Job> job, int generation, std::vector<int> members, std::string job_base);
   // Needs the global lock: creates the runtime unless it runs, refuses after finalize().
   static void start(const Identity& identity);
+  // Needs the global lock: makes the runtime member `me` has in the elastic generation whose ids
+  // and nodes are given (`base`: the identity it had, `job_base`: generation 0's job id); throws
+  // where the generation left `me` out.
+  static void meet(const Identity& base, const std::string& job_base, int generation, const std::vector<int>& ids,
+                   const std::vector<int>& nodes, int me);
+  // This generation's members and their nodes, as the agreement takes them.
+  std::vector<int> member_nodes();
 
   std::shared_ptr<Job> job_;  // groups and Work handles hold it weakly: finalize() drops it
   std::shared_ptr<Group> world_;

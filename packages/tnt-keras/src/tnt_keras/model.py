@@ -466,10 +466,8 @@ class Model(keras.Model):
         resuming = False
         while True:
             ds, val_ds = datasets()
-            for data in (ds,):  # the order of the epoch redone is the order it had
-                if resuming and hasattr(data, "epoch") and hasattr(data, "_order"):
-                    data.epoch = first - initial_epoch
-                    data.order = data._order()
+            if resuming and hasattr(ds, "start_at"):  # tnt's slices of arrays and PyDatasets
+                ds.start_at(first - initial_epoch)  # the epoch redone keeps the order it had
             before = getattr(self._model, "history", None)
             try:
                 return done.into(run(ds, val_ds, first, resuming, [epoch_start]))

@@ -285,7 +285,7 @@ class Supervisor:
         if self.store is None or config.elastic_min is None or self.stopping:
             return False
         # Replacements still waiting to be admitted cannot carry the job on.
-        waiting = [r for r in self.joining if r.running and not self.store.admitted(r.spec.rank)]
+        waiting = self._waiting_to_join()
         left = sum(1 for r in self.runs if r.running and r not in waiting)
         left += sum(1 for spec in self.pending if contract.JOIN not in spec.env)
         if left < config.elastic_min:
@@ -321,9 +321,10 @@ class Supervisor:
             return
         self._stop_unneeded_joiners()
         for generation, members in self.store.take_decisions():
+            waiting = self._waiting_to_join()
             for run in self.runs:
-                if run in self.joining and not self.store.admitted(run.spec.rank):
-                    continue  # not a member of any generation yet: it waits to join
+                if run in waiting:
+                    continue  # not a member of any generation yet
                 if run.running and run.spec.rank not in members and run.spec.rank not in self.left_out:
                     self.left_out[run.spec.rank] = (now, generation, members)
         for run in self.runs:
@@ -344,10 +345,15 @@ class Supervisor:
                 for stream in run.streams:
                     self._close_stream(stream)
 
+    def _waiting_to_join(self) -> list[RankRun]:
+        """Replacements that run but that the job has not admitted yet."""
+        store = self.store
+        return [r for r in self.joining if r.running and store is not None and not store.admitted(r.spec.rank)]
+
     def _stop_unneeded_joiners(self) -> None:
         """A replacement that still waits to be admitted when every member has ended will never be:
         it is stopped, and its end is no failure."""
-        waiting = [r for r in self.joining if r.running and not self.store.admitted(r.spec.rank)]  # type: ignore[union-attr]
+        waiting = self._waiting_to_join()
         members = [r for r in self.runs if r not in waiting]
         if not waiting or any(r.running for r in members) or self.pending:
             return

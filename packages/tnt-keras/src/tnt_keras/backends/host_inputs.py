@@ -90,6 +90,11 @@ class ArraySlices(keras.utils.PyDataset):
         self.epoch += 1
         self.order = self._order()
 
+    def start_at(self, epoch: int) -> None:
+        """Deals the batches as its ``epoch``-th epoch did (an elastic fit trains an epoch again)."""
+        self.epoch = epoch
+        self.order = self._order()
+
 
 class DatasetSlices(keras.utils.PyDataset):
     """This rank's rows of every global batch a user's ``PyDataset`` yields."""
@@ -121,6 +126,11 @@ class DatasetSlices(keras.utils.PyDataset):
     def on_epoch_end(self) -> None:
         self.dataset.on_epoch_end()
         self.epoch += 1
+        self.order = self._order()
+
+    def start_at(self, epoch: int) -> None:
+        """Deals the batches as its ``epoch``-th epoch did (an elastic fit trains an epoch again)."""
+        self.epoch = epoch
         self.order = self._order()
 
 
