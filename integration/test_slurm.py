@@ -186,6 +186,60 @@ def test_a_rank_that_raises_under_tnt_launch_over_srun_ends_the_job_named(slurm:
     assert not {f for f in os.listdir("/dev/shm") if f.startswith("tnt-")} - before - _tnt_segments()
 
 
+ELASTIC = textwrap.dedent(
+    """\
+    import os, signal, time, numpy as np, tnt_comm as tc
+    STEPS, WAIT_AT = 40, 20
+    i = 0
+    if "TNT_JOIN" in os.environ:  # the replacement: admitted at call WAIT_AT, told it by rank 0
+        i = int(tc.broadcast(np.array([0], np.int64), root=0)[0])
+    member = tc.membership()[1][tc.rank()]
+    while i < STEPS:
+        try:
+            if i == WAIT_AT and tc.size() < 3:  # the survivors admit the replacement together
+                for _ in range(600):
+                    if tc.admit():
+                        tc.broadcast(np.array([i], np.int64), root=0)
+                        break
+                    time.sleep(0.1)
+            if member == 1 and i == 5 and tc.membership()[0] == 0:
+                os.kill(os.getpid(), signal.SIGKILL)
+            n = tc.size()
+            got = tc.allreduce(np.full(1024, tc.rank() + 1.0 + i, np.float32))
+            assert got[0] == n * (n + 1) / 2 + n * i, (got[0], n, i)
+            i += 1
+        except (tc.PeerFailure, tc.Timeout):
+            tc.shrink()
+            i = int(tc.allreduce(np.array([i], np.int64), op="min")[0])
+    print(f"member {member} of {tc.size()} ranks did {i} calls in generation {tc.membership()[0]}", flush=True)
+    """
+)
+
+
+@pytest.mark.timeout(180)
+def test_an_elastic_job_under_srun_goes_on_and_a_replacement_joins_as_a_step_of_its_own(
+    slurm: Slurm, tmp_path: Path
+) -> None:
+    # Rank 1 of 3 is killed; the two others re-form the job and wait at call 20 for the replacement
+    # tnt-launch starts on its node, as a second srun step beside the first (--overlap), which joins.
+    script = _script(tmp_path, "elastic.py", ELASTIC)
+    registry = tmp_path / "registry"
+    before = _tnt_segments()
+    done = slurm.run(
+        ["salloc", "-n", "3", *LAUNCH, "--elastic", "2:3", "--output-on-all-devices", "--", str(script)],
+        timeout=150, env={"TNT_LAUNCH_REGISTRY": str(registry), "TNT_TIMEOUT_S": "20"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "rank 1 (host " in done.stderr and "is lost: it was killed by signal 9" in done.stderr, done.stderr[-3000:]
+    assert re.search(r"starting rank 3 on host \S+ in place of rank 1", done.stderr), done.stderr[-3000:]
+    assert re.search(r"finished on 3 rank\(s\); lost on the way: rank 1 .*; joined: rank 3", done.stderr), done.stderr
+    finished = sorted(line.split("] ", 1)[-1] for line in done.stdout.splitlines() if "calls in generation" in line)
+    assert finished == [f"member {m} of 3 ranks did 40 calls in generation 2" for m in (0, 2, 3)], done.stdout
+    assert not [f for f in os.listdir(registry) if f.endswith(".json")], os.listdir(registry)
+    assert not _processes_of(script), _processes_of(script)
+    assert not _tnt_segments() - before
+
+
 # -- Two nodes: one per host of a cluster of network namespaces ----------------------------------
 
 PLACED = textwrap.dedent(

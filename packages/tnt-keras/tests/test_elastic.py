@@ -1,9 +1,13 @@
-"""Elastic fits (tnt-launch --elastic): ranks are killed (SIGKILL) inside a real job, during a
-training step, at an epoch's end, during the validation of an epoch and during a later evaluate,
-rank 0 and two ranks at once among them; the survivors re-form the job, train the epoch again and
-end with what serial Keras ends with on the same global batches: weights and optimizer state,
-every epoch's logs in History, and the evaluate's results. Fewer ranks left than --elastic asks for
-end the job as a lost rank does without it."""
+"""Elastic fits (tnt-launch --elastic): ranks are killed (SIGKILL) inside a real job, before a
+training step, inside one between its gradient sum and its metric sum, at random points of steps,
+at an epoch's end, during the validation of an epoch and during a later evaluate, rank 0 and two
+ranks at once among them; the survivors re-form the job, redo the step (torch) or the epoch, and end
+with what serial Keras ends with on the same global batches: weights and optimizer state, every
+epoch's logs in History, and the evaluate's results. Fewer ranks left than --elastic asks for end
+the job as a lost rank does without it."""
+
+import os
+import random
 
 import pytest
 from conftest import skip_unless_installed
@@ -17,6 +21,10 @@ pytestmark = pytest.mark.by_backend
 # and a replacement, JAX (whose jobs cost the most: compiling) a replacement.
 SCENARIOS = {
     "step": (["1@1:batch:2"], [0, 2, 3], "2"),
+    # Killed after the step's gradient sum: the survivors' updates must not have been applied yet.
+    "after-gradient-sum": (["2@1:metrics:1"], [0, 1, 3], "2"),
+    # Stopped (SIGSTOP) before a step: the others time out, go on without it, and tnt-launch ends it.
+    "stopped": (["1@1:stop:1"], [0, 2, 3], "2"),
     "rank-0-epoch-end": (["0@2:epoch_end"], [1, 2, 3], "2"),
     "two-in-validation": (["2@1:validation:1", "3@1:validation:1"], [0, 1], "2"),
     "evaluate": (["1@0:evaluate:1"], [0, 2, 3], "2"),
@@ -41,7 +49,7 @@ def test_an_elastic_fit_that_loses_ranks_equals_serial_training(backend: str, sc
     skip_unless_installed(backend)
     args, slots, elastic = SCENARIOS[scenario]
     result = _launch("elastic_job", 4, tuple(args), timeout=280, backend=backend,
-                     launcher_args=("--elastic", elastic, "--timeout", "30"))
+                     launcher_args=("--elastic", elastic, "--timeout", "10" if scenario == "stopped" else "30"))
     assert f"finished on {len(slots)} rank(s)" in result.output, result.output[-4000:]
     reports = [result.ranks[slot] for slot in slots]
     members = sorted(report["member"] for report in reports)
@@ -56,9 +64,12 @@ def test_an_elastic_fit_that_loses_ranks_equals_serial_training(backend: str, sc
             assert all(map(close, got, values[-len(got):])), (key, got, values)
         for key, value in report["serial_evaluated"].items():
             assert close(report["evaluated"][key], value), (key, report["evaluated"], report["serial_evaluated"])
+    if backend == "torch" and scenario in ("step", "after-gradient-sum", "stopped"):  # the step, not the epoch
+        assert "runs again on 3 rank(s)" in result.output and "trains epoch" not in result.output, result.output
     lost = [int(a.split("@")[0]) for a in args if not a.startswith("wait")]
     for victim in lost:
-        assert f"rank {victim} (host localhost, local rank {victim}) is lost" in result.output
+        how = "is left out of the job" if scenario == "stopped" else "is lost"
+        assert f"rank {victim} (host localhost, local rank {victim}) {how}" in result.output, result.output[-4000:]
     if scenario == "replacement":
         assert members == [0, 1, 3, 4] and "joined: rank 4" in result.output, result.output[-4000:]
         assert [r["epochs"] for r in reports if r["member"] == 4] == [[2, 3]]
@@ -71,3 +82,31 @@ def test_fewer_ranks_left_than_elastic_asks_for_ends_the_job() -> None:
     assert result.returncode != 0, result.output[-4000:]
     assert "failed" in result.output and "killed by signal 9" in result.output, result.output[-4000:]
     assert not any(result.ranks), "no rank may finish the fit"
+
+
+# Two jobs of three kills each (random ranks, steps and points within the step); set
+# TNT_ELASTIC_SEEDS=a,b,... to run others (a failure names its seed).
+SEEDS = [int(s) for s in os.environ.get("TNT_ELASTIC_SEEDS", "").split(",") if s] or [
+    random.SystemRandom().randrange(1 << 30) for _ in range(2)
+]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("trial", range(len(SEEDS)))
+def test_kills_at_random_points_of_an_elastic_fit_leave_it_equal_to_serial_training(trial: int) -> None:
+    seed = SEEDS[trial]
+    rng = random.Random(seed)
+    victims = rng.sample(range(4), 3)
+    steps = rng.sample(range(2, 22), 3)  # of the 24 steps of 6 epochs: the last ones are left alone
+    args = [f"{v}@step:{k}:{rng.uniform(0.0, 1.5):.3f}" for v, k in zip(victims, steps, strict=True)]
+    result = _launch("elastic_job", 4, ("epochs=6", *args), timeout=280, backend="torch",
+                     launcher_args=("--elastic", "1", "--timeout", "30"))
+    context = f"seed {seed}: kills {args}\n{result.output[-4000:]}"
+    assert "finished on 1 rank(s)" in result.output, context
+    (survivor,) = [r for r in result.ranks if r]
+    assert survivor["epochs"] == survivor["serial_epochs"] == list(range(6)), context
+    assert survivor["variables_error"] <= TOL * max(1.0, survivor["scale"]), context
+    for key, values in survivor["serial_history"].items():
+        assert all(map(close, survivor["history"][key], values)), (key, survivor["history"][key], values, context)
+    for key, value in survivor["serial_evaluated"].items():
+        assert close(survivor["evaluated"][key], value), (key, context)

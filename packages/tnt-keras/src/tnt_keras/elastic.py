@@ -8,8 +8,9 @@ the earliest epoch any of them was in, put back the variables they had when it b
 global batch over the ranks that are left, and run that epoch again, to the end of the fit. Its
 metrics start from zero, as at any epoch's start; the epochs before it stay in ``History`` once; the
 callbacks see the epoch begin a second time, but not the training begin (an ``EarlyStopping`` keeps
-its count). Up to one epoch of work is lost: the step is not redone alone, because the lost rank
-took its part of the epoch's metric states with it.
+its count). Up to one epoch of work is lost. Where the backend holds each step's update back to the
+step's end (torch), a rank lost inside a train step costs only that step (``step_redo.py``); this
+module is what every other loss falls back to.
 """
 
 from __future__ import annotations
@@ -29,6 +30,15 @@ from .runtime import logger
 FAILURES = (tnt_comm.PeerFailure, tnt_comm.Timeout)
 JOIN = contract.JOIN  # set in tnt-launch's replacement ranks: the member id each joins as
 _joined = False  # this replacement's first fit has learnt the epoch it joins at
+
+
+class Reformed(Exception):
+    """The job re-formed inside a train step (``step_redo.py``), but the survivors go back to the
+    epoch's start: the failure reached one of them elsewhere. ``fit`` catches it."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(f"the job re-formed after {type(error).__name__}; the epoch is redone")
+        self.error = error
 
 
 class Grown(Exception):
@@ -73,19 +83,20 @@ class EpochStart(keras.callbacks.Callback):
             variable.assign(value)
 
 
-def _follow_the_job(tnt_model: keras.Model) -> None:
+def _follow_the_job(tnt_model: keras.Model, retrace: bool = True) -> None:
     """Points the model's hooks at the job as it is now, after it re-formed: the rank and size the
-    wrapper keeps, the collectives the backend keeps, the traced step functions."""
+    wrapper keeps, the collectives the backend keeps, the traced step functions (unless a train
+    function that goes on runs untraced: ``retrace`` False)."""
     mine = state.of(tnt_model)
     mine.rank, mine.size = tnt_comm.rank(), tnt_comm.size()
     inner = tnt_model.model
     state.of(inner).rank, state.of(inner).size = mine.rank, mine.size
     tnt_model._backend.forget_collectives(inner)
-    # Traced with the old job's collectives in flight: traced again.
-    inner.train_function = inner.test_function = inner.predict_function = None
+    if retrace:  # traced with the old job's collectives in flight: traced again
+        inner.train_function = inner.test_function = inner.predict_function = None
 
 
-def reform(tnt_model: keras.Model, error: BaseException, what: str) -> None:
+def reform(tnt_model: keras.Model, error: BaseException, what: str, retrace: bool = True) -> None:
     """After ``error`` (a lost rank): re-forms the job with the survivors and points the model's
     hooks at it; ``what`` the caller does next, for the log line. Collective over the survivors.
     Raises where the job cannot go on (fewer than MIN ranks, this rank left out)."""
@@ -93,7 +104,7 @@ def reform(tnt_model: keras.Model, error: BaseException, what: str) -> None:
     lost = list(getattr(error, "ranks", ()) or ())
     with timeline.span("job re-formed without lost ranks", lost=lost, error=type(error).__name__):
         tnt_comm.shrink()
-        _follow_the_job(tnt_model)
+        _follow_the_job(tnt_model, retrace)
     generation, members = tnt_comm.membership()
     logger.warning(
         "lost rank(s) %s of %d (%s); the job re-formed with %d rank(s) (generation %d: members %s) and %s",
@@ -131,6 +142,7 @@ def epoch_to_redo(epoch_start: EpochStart, first_epoch: int) -> int:
     here = epoch_start.epoch if epoch_start.epoch is not None else first_epoch
     epoch = int(tnt_comm.allreduce(np.array([here], np.int64), op="min")[0])
     epoch_start.restore(epoch)
+    logger.warning("the job trains epoch %d again, from the variables it began with", epoch + 1)
     return epoch
 
 

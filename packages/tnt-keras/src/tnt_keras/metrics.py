@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import keras
@@ -26,6 +26,10 @@ class _Reducing(threading.local):
 _reducing = _Reducing()
 _global_metrics = state.Marked()  # metrics whose result() is global already
 
+sums_observer: Callable[[Sequence[Any], Sequence[Any]], None] | None = None
+"""Told each sum of metric states (variables, their sums): an elastic fit that redoes lost steps
+keeps its train steps' (``step_redo.py``)."""
+
 
 @contextlib.contextmanager
 def _summed(variables: Sequence[Any]) -> Iterator[None]:
@@ -34,6 +38,8 @@ def _summed(variables: Sequence[Any]) -> Iterator[None]:
         yield
         return
     summed = backends.current().summed_values(variables)  # an empty slice adds nothing from its step
+    if sums_observer is not None:
+        sums_observer(variables, summed)
     _reducing.active = True
     try:
         with StatelessScope(state_mapping=list(zip(variables, summed, strict=True))):

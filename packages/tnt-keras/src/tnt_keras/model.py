@@ -34,6 +34,7 @@ from . import (
     preemption,
     runtime,
     state,
+    step_redo,
     sync_batch_norm,
     timeline,
 )
@@ -455,11 +456,14 @@ class Model(keras.Model):
 
         if not elastic.enabled():
             return run(*datasets(), initial_epoch, False, [])
-        return self._fit_elastically(datasets, run, initial_epoch)
+        return self._fit_elastically(datasets, run, initial_epoch, class_weight)
 
-    def _fit_elastically(self, datasets: Callable[[], Any], run: Callable[..., Any], initial_epoch: int) -> Any:
-        """``fit`` in an elastic job (elastic.py): after a lost rank the survivors re-form the job and
-        train the epoch it was lost in again, from the variables that epoch began with."""
+    def _fit_elastically(
+        self, datasets: Callable[[], Any], run: Callable[..., Any], initial_epoch: int, class_weight: Any
+    ) -> Any:
+        """``fit`` in an elastic job: after a lost rank the survivors re-form the job and redo the
+        step it was lost in (step_redo.py), or where they cannot, the epoch, from the variables that
+        epoch began with (elastic.py)."""
         epoch_start = elastic.EpochStart(lambda: shared_variables.model_and_optimizer_variables(self._model))
         done = elastic.Epochs()
         first = elastic.joined_epoch(initial_epoch)
@@ -469,17 +473,36 @@ class Model(keras.Model):
             if resuming and hasattr(ds, "start_at"):  # tnt's slices of arrays and PyDatasets
                 ds.start_at(first - initial_epoch)  # the epoch redone keeps the order it had
             before = getattr(self._model, "history", None)
+            redo = step_redo.attach(self, ds, val_ds, class_weight)
             try:
                 return done.into(run(ds, val_ds, first, resuming, [epoch_start]))
-            except elastic.FAILURES as e:
+            except (elastic.Reformed, *elastic.FAILURES) as e:
                 attempt = getattr(self._model, "history", None)
-                elastic.reform(self, e, "trains the epoch it was lost in again")
-                first = elastic.epoch_to_redo(epoch_start, first)
+                first = self._back_to_an_epoch(e, redo, epoch_start, first)
             except elastic.Grown as e:
                 attempt = getattr(self._model, "history", None)
                 first = elastic.grown(self, e.epoch, state.of(self).size)
+            finally:
+                if redo is not None:
+                    redo.uninstall()
             done.keep(attempt if attempt is not before else None, first)
             resuming = True
+
+    def _back_to_an_epoch(
+        self, error: BaseException, redo: step_redo.StepRedo | None, epoch_start: elastic.EpochStart, first: int
+    ) -> int:
+        """After ``error`` outside a train step (or ``Reformed`` in one): re-forms the job, puts back
+        the variables of the earliest epoch a survivor was in, and returns it. A rank lost meanwhile
+        starts it over."""
+        while True:
+            try:
+                if not isinstance(error, elastic.Reformed):
+                    elastic.reform(self, error, "trains the epoch it was lost in again")
+                    if redo is not None:  # the survivors in a train step ask where the others were
+                        step_redo.agree(in_step=False, healable=False, done=redo.done)
+                return elastic.epoch_to_redo(epoch_start, first)
+            except elastic.FAILURES as again:
+                error = again
 
     def evaluate(
         self,

@@ -28,6 +28,8 @@ class ModelState:
     """The TensorFlow or JAX backend's state of its train step (backends/*/gradients.py)."""
     gradient_sum: Any = None
     """The torch backend's gradient sum of it (backends/torch/gradients.py)."""
+    update_at_step_end: bool = False
+    """Its train steps apply their update after their last collective (step_redo.py)."""
 
 
 _models: weakref.WeakKeyDictionary[Any, ModelState] = weakref.WeakKeyDictionary()

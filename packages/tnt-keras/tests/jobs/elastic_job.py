@@ -3,9 +3,13 @@ arguments name, and what the survivors end with, against serial Keras on the sam
 weights, optimizer state, every epoch's logs (History, validation included) and a later evaluate.
 
 Arguments: kills as MEMBER@EPOCH:WHERE[:BATCH], MEMBER being the rank in the job's first
-generation, WHERE one of "batch" (before training batch BATCH of epoch EPOCH), "epoch_end" (at
+generation, WHERE one of "batch" (before training batch BATCH of epoch EPOCH), "stop" (there, but
+stopped by SIGSTOP instead: the others time out, and tnt-launch ends it), "metrics" (inside
+training batch BATCH of epoch EPOCH, after its gradient sum, before its metric sum), "epoch_end" (at
 the end of epoch EPOCH, after its validation), "validation" (before validation batch BATCH of epoch
-EPOCH) and "evaluate" (before batch BATCH of the evaluate after the fit). "wait@EPOCH": every rank
+EPOCH) and "evaluate" (before batch BATCH of the evaluate after the fit); or MEMBER@step:K:F, killed
+F times the length of its last step after its K-th training batch began (redone ones counted too),
+wherever it is then. "epochs=N" trains N epochs (default 4). "wait@EPOCH": every rank
 waits at the start of epoch EPOCH until a replacement rank (tnt-launch --elastic MIN:MAX) has asked
 the job's store to join, so that it joins the fit then. Every rank that is left writes its report."""
 
@@ -14,6 +18,7 @@ import os
 
 import signal
 import sys
+import threading
 import time
 
 import keras
@@ -23,25 +28,39 @@ import tnt_keras as tnt
 from _job import report
 
 EPOCHS, BATCH = 4, 24
+for arg in sys.argv[1:]:
+    if arg.startswith("epochs="):
+        EPOCHS = int(arg.split("=")[1])
 x = np.random.RandomState(0).rand(96, 8).astype("float32")
 y = (x.sum(axis=1, keepdims=True) > 4).astype("float32")
 x_val, y_val = x[:48] * 0.5, y[:48]
 
 kills, wait_at = [], None
-for arg in sys.argv[1:]:
+for arg in [a for a in sys.argv[1:] if "@" in a]:
     member, rest = arg.split("@")
     if member == "wait":
         wait_at = int(rest)
         continue
     epoch, where, *batch = rest.split(":")
+    if epoch == "step":
+        kills.append((int(member), int(where), "step", float(batch[0])))
+        continue
     kills.append((int(member), int(epoch), where, int(batch[0]) if batch else 0))
 member = tnt_comm.membership()[1][tnt_comm.rank()]  # its rank in the first generation, or its id as a replacement
+
+
+class WatchedMae(keras.metrics.MeanAbsoluteError):
+    """Keras' MAE, whose update (after the step's gradient sum) is a place to be killed at."""
+
+    def update_state(self, *args, **kwargs):
+        killer.in_metrics()
+        return super().update_state(*args, **kwargs)
 
 
 def build() -> keras.Model:
     keras.utils.set_random_seed(7)
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
-    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"])
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=[WatchedMae(name="mae")])
     return model
 
 
@@ -65,14 +84,17 @@ class Killer(keras.callbacks.Callback):
 
     def __init__(self) -> None:
         super().__init__()
-        self.epoch, self.evaluating = -1, False
+        self.epoch, self.batch, self.evaluating, self.training, self.armed = -1, 0, False, False, True
+        self.began, self.last_began, self.step_seconds = 0, None, 0.0
 
     def _maybe(self, where: str, batch: int = 0) -> None:
-        if tnt_comm.membership()[0] != 0:
+        if tnt_comm.membership()[0] != 0 or not self.armed:
             return
         for who, epoch, at, at_batch in kills:
             if who == member and at == where and at_batch == batch and (where == "evaluate" or epoch == self.epoch):
                 os.kill(os.getpid(), signal.SIGKILL)
+            if who == member and at == "stop" and where == "batch" and at_batch == batch and epoch == self.epoch:
+                os.kill(os.getpid(), signal.SIGSTOP)
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
@@ -82,7 +104,24 @@ class Killer(keras.callbacks.Callback):
                 time.sleep(0.05)
 
     def on_train_batch_begin(self, batch, logs=None):
+        self.batch, self.training = batch, True
         self._maybe("batch", batch)
+        now = time.monotonic()
+        if self.last_began is not None:
+            self.step_seconds = now - self.last_began
+        self.began, self.last_began = self.began + 1, now
+        for who, k, at, fraction in kills:
+            if who == member and at == "step" and k == self.began:
+                timer = threading.Timer(fraction * self.step_seconds, os.kill, (os.getpid(), signal.SIGKILL))
+                timer.daemon = True
+                timer.start()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.training = False
+
+    def in_metrics(self):
+        if self.training:
+            self._maybe("metrics", self.batch)
 
     def on_epoch_end(self, epoch, logs=None):
         self._maybe("epoch_end")
@@ -98,6 +137,7 @@ history = model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbos
 killer.evaluating = True
 evaluated = model.evaluate(x_val, y_val, batch_size=BATCH, verbose=0, return_dict=True,
                            callbacks=[tnt.callbacks.Callback(killer, aggregate_logs=False)])
+killer.armed = False
 
 serial = build()
 serial_history = serial.fit(

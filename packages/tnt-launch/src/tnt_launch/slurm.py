@@ -160,8 +160,9 @@ def fill(allocation: Allocation, ranks: int) -> list[int]:
     return counts
 
 
-def srun_argv(ranks: int, cpus_per_task: int | None, program: Sequence[str]) -> list[str]:
-    """The srun line that starts one task per rank, placed by SLURM_HOSTFILE."""
+def srun_argv(ranks: int, cpus_per_task: int | None, program: Sequence[str], overlap: bool = False) -> list[str]:
+    """The srun line that starts one task per rank, placed by SLURM_HOSTFILE; ``overlap`` for a
+    step beside the job's first (an elastic job's replacement), on CPUs that step holds."""
     argv = [
         "srun",
         f"--ntasks={ranks}",
@@ -174,6 +175,8 @@ def srun_argv(ranks: int, cpus_per_task: int | None, program: Sequence[str]) -> 
         "--export=ALL",
         "--quiet",
     ]
+    if overlap:
+        argv.append("--overlap")
     if cpus_per_task is not None:
         argv.append(f"--cpus-per-task={cpus_per_task}")
     return [*argv, "--", *program]

@@ -71,6 +71,12 @@ class Backend(Protocol):
         keep of the old job's collectives (fused buckets), to be made again on the new one."""
         ...
 
+    def update_at_step_end(self, model: keras.Model) -> bool:
+        """Makes every train step of ``model`` apply its optimizer update only once the step's last
+        collective is done, so a step that fails changes no weight (``step_redo.py``); False where
+        the backend cannot."""
+        ...
+
     def predicted_outputs(self, returned: Any) -> Any:
         """The outputs of one batch in what Keras' predict function ``returned`` (Keras-JAX's also
         returns its state)."""

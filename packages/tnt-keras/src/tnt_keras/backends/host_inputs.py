@@ -68,6 +68,7 @@ class ArraySlices(keras.utils.PyDataset):
         self.rows = rows(self.data)
         self.epoch = 0
         self.order = self._order()
+        self.last_index = 0  # the batch fetched last: the one in training (Keras fetches one at a time)
 
     def _order(self) -> np.ndarray | None:
         if not self.shuffle:
@@ -78,6 +79,7 @@ class ArraySlices(keras.utils.PyDataset):
         return math.ceil(self.rows / self.batch_size)
 
     def __getitem__(self, i: int) -> Any:
+        self.last_index = i
         begin = i * self.batch_size
         batch = min(self.batch_size, self.rows - begin)
         start, count = rank_rows(batch, self.rank, self.size)
@@ -104,6 +106,7 @@ class DatasetSlices(keras.utils.PyDataset):
         self.dataset, self.rank, self.size, self.shuffle = dataset, rank, size, shuffle
         self.epoch = 0
         self.order = self._order()
+        self.last_index = 0  # the batch fetched last: the one in training (Keras fetches one at a time)
 
     def _order(self) -> np.ndarray | None:
         """The order of the batches in this epoch: shuffled alike on every rank where fit shuffles (as
@@ -116,6 +119,7 @@ class DatasetSlices(keras.utils.PyDataset):
         return len(self.dataset)
 
     def __getitem__(self, i: int) -> Any:
+        self.last_index = i
         batch = self.dataset[int(self.order[i]) if self.order is not None else i]
         found = rows(batch)
         if i == 0 and found < self.size:

@@ -94,8 +94,8 @@ class Step:
         except (BrokenPipeError, ValueError, OSError):
             pass
 
-    def finished(self, rank: int) -> None:
-        self.done.add(rank)
+    def finished(self, task: int) -> None:
+        self.done.add(task)
         if len(self.done) == self.size:
             self.close()
 
@@ -108,15 +108,15 @@ class Step:
 class StepControl:
     """One rank's part of the step's stdin: requests go to every agent once; closing waits for all."""
 
-    def __init__(self, step: Step, rank: int) -> None:
+    def __init__(self, step: Step, task: int) -> None:
         self.step = step
-        self.rank = rank
+        self.task = task
 
     def send(self, command: bytes) -> None:
         self.step.send(command)
 
     def finished(self) -> None:
-        self.step.finished(self.rank)
+        self.step.finished(self.task)
 
     def kill(self) -> None:
         if self.step.proc.poll() is None:
@@ -124,8 +124,9 @@ class StepControl:
 
 
 class StepStream:
-    """srun's stdout or stderr: lines labelled with the task (= rank), for that rank's stream
-    (`streams`: the runs' streams of this name, by rank); a `rank_run.Source`."""
+    """srun's stdout or stderr: lines labelled with the task, for that task's rank's stream
+    (`streams`: the runs' streams of this name, by task: task r is rank r in the job's first step,
+    the replacement in a step of its own is task 0); a `rank_run.Source`."""
 
     def __init__(self, name: str, fd: int, streams: dict[int, Stream]) -> None:
         self.name = name
@@ -161,11 +162,13 @@ class StepStream:
 
 
 class SrunStep:
-    """Starts every rank at once, as the tasks of one srun step (task r on rank r's node)."""
+    """Starts every rank at once, as the tasks of one srun step (task r on rank r's node). An elastic
+    job's replacement ranks start later, each as a step of its own that shares the first step's CPUs
+    (``--overlap``: the lost rank's task holds them until the whole first step ends)."""
 
     def __init__(self, cpus_per_task: int | None = None) -> None:
         self.cpus_per_task = cpus_per_task  # srun's --cpus-per-task, from the allocation
-        self.step: Step | None = None
+        self.steps: list[Step] = []
         self.sources: list[StepStream] = []
 
     def start(self, specs: Sequence[RankSpec], request: Callable[[RankSpec], dict[str, Any]],
@@ -174,7 +177,7 @@ class SrunStep:
         if not specs:
             return started
         hostfile = write_slurm_hostfile([spec.host for spec in specs])
-        argv = slurm.srun_argv(len(specs), self.cpus_per_task, srun_program())
+        argv = slurm.srun_argv(len(specs), self.cpus_per_task, srun_program(), overlap=bool(self.steps))
         try:
             proc = start_step(argv, hostfile, step_request([request(spec) for spec in specs]))
         except OSError as e:
@@ -184,18 +187,20 @@ class SrunStep:
                 run.status = RankStatus(127, error=f"cannot start srun: {e.strerror}")
                 started.runs.append(run)
             return started
-        self.step = Step(proc, hostfile, len(specs))
-        by_rank: dict[str, dict[int, Stream]] = {"out": {}, "err": {}}
-        for spec in specs:
-            run = RankRun(spec, proc, StepControl(self.step, spec.rank))
+        step = Step(proc, hostfile, len(specs))
+        self.steps.append(step)
+        by_task: dict[str, dict[int, Stream]] = {"out": {}, "err": {}}
+        for task, spec in enumerate(specs):
+            run = RankRun(spec, proc, StepControl(step, task))
             started.runs.append(run)
             for name in ("out", "err"):
-                by_rank[name][spec.rank] = Stream(run, name, None)
+                by_task[name][task] = Stream(run, name, None)
         assert proc.stdout is not None and proc.stderr is not None
         for name, pipe in (("out", proc.stdout), ("err", proc.stderr)):
             os.set_blocking(pipe.fileno(), False)
-            self.sources.append(StepStream(name, pipe.fileno(), by_rank[name]))
-        started.sources = list(self.sources)
+            source = StepStream(name, pipe.fileno(), by_task[name])
+            self.sources.append(source)
+            started.sources.append(source)
         return started
 
     def ended(self, run: RankRun, now: float) -> RankStatus | None:
@@ -219,15 +224,16 @@ class SrunStep:
         """srun ends once its tasks have; one that outlives the job is killed (its agents then see
         their stdin close and stop their ranks). What srun passed on after the last rank's exit
         report (its last lines) comes back, to be shown."""
-        step = self.step
-        if step is None:
+        if not self.steps:
             return []
-        step.close()
-        try:
-            step.proc.wait(timeout=grace + 5.0)
-        except subprocess.TimeoutExpired:
-            step.proc.kill()
-            step.proc.wait()
+        for step in self.steps:
+            step.close()
+        for step in self.steps:
+            try:
+                step.proc.wait(timeout=grace + 5.0)
+            except subprocess.TimeoutExpired:
+                step.proc.kill()
+                step.proc.wait()
         reads = []
         deadline = time.monotonic() + 2.0
         for source in self.sources:
@@ -236,11 +242,12 @@ class SrunStep:
                 if got is not None:
                     reads.append((source.name, got))
             source.open = False
-        for pipe in (step.proc.stdout, step.proc.stderr):
-            if pipe is not None:
-                pipe.close()
-        with contextlib.suppress(OSError):
-            os.unlink(step.hostfile)
+        for step in self.steps:
+            for pipe in (step.proc.stdout, step.proc.stderr):
+                if pipe is not None:
+                    pipe.close()
+            with contextlib.suppress(OSError):
+                os.unlink(step.hostfile)
         return reads
 
     def query(self, hosts: Sequence[Host], make_request: Callable[[Host], dict[str, Any]], timeout: float) -> Answers:

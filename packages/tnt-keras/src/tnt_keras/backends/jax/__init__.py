@@ -31,6 +31,7 @@ __all__ = [
     "predicted_outputs",
     "summed_values",
     "synced_sum",
+    "update_at_step_end",
 ]
 
 summed_values = steps.summed_values
@@ -83,6 +84,11 @@ def jit_compile(asked: Any) -> Any:
     """Keras' own choice: every step is one XLA program (``auto``), the collectives ordered callbacks
     inside it; False runs the steps eagerly, the callbacks called as they come."""
     return asked
+
+
+def update_at_step_end(model: keras.Model) -> bool:  # noqa: ARG001
+    """The update is part of the compiled step: not held back here (an elastic fit redoes the epoch)."""
+    return False
 
 
 def forget_collectives(model: keras.Model) -> None:

@@ -132,5 +132,10 @@ def jit_compile(asked: Any) -> bool:
     return without_xla(asked)
 
 
+def update_at_step_end(model: keras.Model) -> bool:  # noqa: ARG001
+    """The update is part of the compiled step: not held back here (an elastic fit redoes the epoch)."""
+    return False
+
+
 def forget_collectives(model: keras.Model) -> None:
     """Nothing to drop: the step's calls name the world, which is the new one, and are traced again."""

@@ -27,10 +27,12 @@ __all__ = [
     "predicted_outputs",
     "summed_values",
     "synced_sum",
+    "update_at_step_end",
 ]
 
 summed_values = steps.summed_values
 synced_sum = gradients.synced_sum
+update_at_step_end = gradients.update_at_step_end
 
 
 def prepare() -> None:

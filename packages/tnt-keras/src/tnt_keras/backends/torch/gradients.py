@@ -329,6 +329,8 @@ class GradientSum:
         self.plans: dict[tuple[int, ...], Plan] = {}
         self.by_param: dict[int, tuple[Plan, int]] = {}  # id(parameter) -> its plan and index there
         self.hooked: set[int] = set()
+        self.held: tuple[Any, list[Any], Any] | None = None  # (apply, summed gradients, variables)
+        self.updating = False
         original_train_step = model.train_step
 
         def train_step(data: Any) -> Any:
@@ -340,6 +342,7 @@ class GradientSum:
             except BaseException:
                 # The job is failing (a peer died, a bad step): no further collective, the error goes up.
                 self.state.abandon()
+                self.held = None
                 for plan in self.plans.values():
                     plan.abandon()
                 raise
@@ -348,6 +351,7 @@ class GradientSum:
             self.state.end()
             for plan in self.plans.values():
                 plan.drain()
+            self._apply_held()
             return logs
 
         model.train_step = train_step
@@ -363,16 +367,35 @@ class GradientSum:
         original_apply = optimizer.apply
 
         def apply(grads: Sequence[Any], trainable_variables: Any = None) -> Any:
+            if self.updating:  # the held update, reaching a wrapped inner optimizer: summed already
+                return original_apply(grads, trainable_variables)
             variables = trainable_variables if trainable_variables is not None else optimizer._trainable_variables
             fraction = self.state.fraction() if self.state.active else None
             if fraction is None:  # apply() outside a train step: equal shares
                 fraction = 1.0 / self.size
             with torch.no_grad():
                 summed = self.plan(variables).sum(list(grads), fraction)
+            # An elastic fit that redoes lost steps (step_redo.py) holds each step's update back until
+            # the step's last collective is done: a step that fails then changed no weight anywhere.
+            if self.state.active and model_state.of(self.model).update_at_step_end:
+                self._apply_held()  # a second update in one step keeps its order after the first
+                self.held = (original_apply, summed, trainable_variables)
+                return None
             return original_apply(summed, trainable_variables)
 
         optimizer.apply = apply
         model_state.reduced_optimizers.add(optimizer)
+
+    def _apply_held(self) -> None:
+        if self.held is None:
+            return
+        original_apply, summed, variables = self.held
+        self.held, self.updating = None, True
+        try:
+            with torch.no_grad():
+                original_apply(summed, variables)
+        finally:
+            self.updating = False
 
     def plan(self, variables: Sequence[Any]) -> Plan:
         key = tuple(id(v) for v in variables)
@@ -410,6 +433,13 @@ def install_gradient_sum(model: keras.Model, size: int) -> None:
         mine.gradient_sum = GradientSum(model, size)
     else:
         mine.gradient_sum.wrap_optimizers()
+
+
+def update_at_step_end(model: keras.Model) -> bool:
+    """Holds every train step's optimizer update back until the step returns (after its metric
+    sum): see ``GradientSum``."""
+    model_state.of(model).update_at_step_end = True
+    return True
 
 
 def forget_collectives(model: keras.Model) -> None:

@@ -1,0 +1,212 @@
+"""Redoing the step a rank was lost in, instead of its epoch (an elastic fit on the torch backend,
+of tnt's slices of arrays or a ``PyDataset``, with Keras' own train step).
+
+A train step changes the model in three places: its forward pass changes the small state (the
+non-trainable variables: moving statistics, dropout seeds; the loss tracker), the optimizer's update
+follows the gradient sum, and the metric states follow the update. The backend holds the update back
+until the step's last collective, the sum of the metric states, is done (``update_at_step_end``), so
+a step that fails has changed no weight on any rank, only the small state, which is copied before
+every step (on the device, no host transfer). The global metric states that a step's logs were
+computed from are kept: no survivor needs anything the lost rank held.
+
+When a collective of the step raises ``PeerFailure`` or ``Timeout``, the survivors re-form the job
+and agree on how far it got. A survivor may have finished the step (its last collective completed
+before the failure reached it) while others failed in it; if so, the first of those hands its
+variables and metric sums to the others (one broadcast), who count the step as done. Otherwise every
+survivor puts its small state back, takes the step's global batch dealt over the ranks left, and runs
+the step again. Either way each global batch enters the fit once, so it still equals serial
+training. Failures outside a train step (in validation, at an epoch's end, in a callback's
+collective), and fits this cannot redo, go back to the epoch's start instead (``elastic.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import keras
+import numpy as np
+import tnt_comm
+from keras.src.backend.common.stateless_scope import StatelessScope
+from keras.src.trainers.data_adapters import data_adapter_utils
+
+from . import backends, elastic, metrics, state, timeline
+from . import variables as shared_variables
+from .runtime import logger
+
+_FURTHEST = 1 << 40  # above any step count: agree() finds the furthest step as a minimum
+_RANKS = 1 << 20  # above any rank
+
+
+def possible(model: keras.Model, ds: Any) -> bool:
+    """Whether a fit of ``model`` on ``ds`` can redo a lost step: tnt's slices of arrays or of a
+    ``PyDataset`` (which can deal a batch again), Keras' own train step (one update, after which
+    nothing reads the weights), and a backend that holds the update back to the step's end."""
+    defined_in = next(c for c in type(model).__mro__ if "train_step" in vars(c))
+    return (
+        hasattr(ds, "last_index")
+        and defined_in.__module__.startswith("keras.")
+        and getattr(model, "steps_per_execution", 1) == 1
+        and backends.current().update_at_step_end(model)
+    )
+
+
+class Agreement:
+    """How the survivors go on, from one allreduce (``agree``)."""
+
+    def __init__(self, in_step: bool, healable: bool, furthest: int, healer: int, slowest: int) -> None:
+        self.in_step, self.healable = in_step, healable
+        self.furthest, self.healer, self.slowest = furthest, healer, slowest
+
+    @property
+    def redo_step(self) -> bool:
+        """Every survivor was in a train step and knows the global metric states it began with."""
+        return self.in_step and self.healable
+
+
+def agree(in_step: bool, healable: bool, done: int) -> Agreement:
+    """Collective over the survivors: whether each was in a train step, and how many steps each had
+    done. Every rank of an elastic fit that can redo steps calls it after a re-forming."""
+    key = (_FURTHEST - done) * _RANKS + tnt_comm.rank()  # the lowest: the furthest, then the first rank
+    found = tnt_comm.allreduce(np.array([int(in_step), int(healable), key, done], np.int64), op="min")
+    return Agreement(bool(found[0]), bool(found[1]), _FURTHEST - int(found[2]) // _RANKS,
+                     int(found[2]) % _RANKS, int(found[3]))
+
+
+class StepRedo:
+    """Wraps ``model.train_function`` for one attempt of an elastic fit; ``ds`` is what the attempt
+    trains on (``ArraySlices``/``DatasetSlices``), ``val_ds`` what it validates on (re-dealt too,
+    where it is tnt's), ``class_weight`` the fit's."""
+
+    def __init__(self, tnt_model: keras.Model, ds: Any, val_ds: Any, class_weight: Any) -> None:
+        self.tnt_model, self.model, self.class_weight = tnt_model, tnt_model.model, class_weight
+        self.ds, self.val_ds = ds, val_ds
+        self.done = 0  # train steps this attempt finished here
+        self.sums: list[Any] | None = None  # the global metric states after them (None: not known)
+        self.pending: dict[int, Any] = {}
+        self.in_step = False
+        self.reset = False  # the metrics were reset since the last step: their global states are 0
+        self.metric_variables: list[Any] = []  # known once the fit built the model and its metrics
+        self.small: list[Any] = []
+
+    def _collect(self) -> None:
+        self.metric_variables = [v for m in self.model.metrics for v in m.variables]
+        # What a failed step's forward pass may have changed; its metric states are set anew anyway.
+        metric_ids = {id(v) for v in self.metric_variables}
+        self.small = [v for v in shared_variables.unique_variables(self.model.non_trainable_variables)
+                      if id(v) not in metric_ids]
+
+    def install(self) -> None:
+        self.model.make_train_function()
+        original = self.model.train_function
+        self.model.train_function = lambda data: self._run(original, data)
+        metrics.sums_observer = self._observe
+        reset_metrics = self.model.reset_metrics
+
+        def reset() -> None:  # each epoch (and its validation) starts the metrics from zero
+            reset_metrics()
+            self.reset = True
+
+        self.model.reset_metrics = reset
+
+    def uninstall(self) -> None:
+        if metrics.sums_observer == self._observe:
+            metrics.sums_observer = None
+        vars(self.model).pop("reset_metrics", None)
+
+    def _observe(self, variables: Sequence[Any], summed: Sequence[Any]) -> None:
+        if self.in_step:
+            self.pending.update(zip(map(id, variables), summed, strict=True))
+
+    def _run(self, original: Callable[[Any], Any], data: Any) -> Any:
+        if self.done == 0 and not self.in_step:
+            self._collect()
+        if self.reset:
+            self.sums, self.reset = [keras.ops.zeros_like(v.value) for v in self.metric_variables], False
+        while True:
+            before = [keras.ops.copy(v.value) for v in self.small]
+            self.pending, self.in_step = {}, True
+            try:
+                logs = original(data)
+            except elastic.FAILURES as error:
+                self.in_step = False
+                if self._recover(error, before):
+                    return self._logs()  # a survivor had finished this step: it counts as done
+                data = self._deal_again()
+                continue
+            finally:
+                self.in_step = False
+            self.done += 1
+            known = all(id(v) in self.pending for v in self.metric_variables)
+            self.sums = [self.pending[id(v)] for v in self.metric_variables] if known else None
+            return logs
+
+    def _recover(self, error: BaseException, before: list[Any]) -> bool:
+        """Re-forms the job after ``error`` in a step; True where another survivor had finished the
+        step (this rank now holds its state), False where the step is to run again. Raises
+        ``elastic.Reformed`` where the survivors go back to the epoch's start instead."""
+        for variable, value in zip(self.small, before, strict=True):
+            variable.assign(value)
+        elastic.reform(self.tnt_model, error, "agrees on what to redo", retrace=False)
+        for dealt in (self.ds, self.val_ds):
+            if hasattr(dealt, "last_index"):  # tnt's slices: the next batches are dealt anew
+                dealt.rank, dealt.size = tnt_comm.rank(), tnt_comm.size()
+        how = agree(True, self.sums is not None or not self.metric_variables, self.done)
+        if not how.redo_step:
+            raise elastic.Reformed(error) from error
+        with timeline.span("lost step redone", step=how.furthest, healer=how.healer):
+            if how.slowest < how.furthest:  # some finished it: the first of them hands on its state
+                self._hand_on(how.healer)
+            self._share_out_sums()
+        finished_elsewhere = self.done < how.furthest
+        self.done = how.furthest
+        logger.warning(
+            "step %d of this fit %s on %d rank(s)", how.furthest + (0 if finished_elsewhere else 1),
+            "was finished by a survivor; taken from it" if finished_elsewhere else "runs again",
+            tnt_comm.size(),
+        )
+        return finished_elsewhere
+
+    def _hand_on(self, healer: int) -> None:
+        """Every rank takes ``healer``'s variables and global metric states (one broadcast)."""
+        if tnt_comm.rank() == healer:
+            for variable, value in zip(self.metric_variables, self.sums or [], strict=True):
+                variable.assign(value)
+        everything = shared_variables.model_and_optimizer_variables(self.model)
+        ids = {id(v) for v in everything}
+        everything += [v for v in self.metric_variables if id(v) not in ids]
+        shared_variables.broadcast_variables(everything, root=healer, checked=True)
+        self.sums = [keras.ops.copy(v.value) for v in self.metric_variables]
+
+    def _share_out_sums(self) -> None:
+        """The metric states summed over the ranks left are the global ones: rank 0 holds them."""
+        for variable, value in zip(self.metric_variables, self.sums or [], strict=True):
+            variable.assign(value if tnt_comm.rank() == 0 else keras.ops.zeros_like(value))
+
+    def _logs(self) -> Any:
+        """The logs of a step finished elsewhere: its metric results, from the global states."""
+        mapping = list(zip(self.metric_variables, self.sums or [], strict=True))
+        with metrics.local(), StatelessScope(state_mapping=mapping):
+            return self.model.get_metrics_result()
+
+    def _deal_again(self) -> list[Any]:
+        """The batch of the lost step, this rank's slice of it among the ranks left, as Keras hands
+        it to the train function (standardized, class weights added, as tensors)."""
+        batch = self.ds[self.ds.last_index]
+        if isinstance(batch, list | np.ndarray):
+            batch = tuple(batch) if isinstance(batch, list) else (batch,)
+        if self.class_weight is not None and isinstance(batch, tuple) and len(batch) == 2:
+            batch = (*batch, data_adapter_utils.class_weight_to_sample_weights(batch[1], self.class_weight))
+        return [keras.tree.map_structure(keras.ops.convert_to_tensor, batch, none_is_leaf=False)]
+
+
+def attach(tnt_model: keras.Model, ds: Any, val_ds: Any, class_weight: Any) -> StepRedo | None:
+    """The step redo of one attempt of an elastic fit, installed; None where it cannot redo steps
+    (the same on every rank)."""
+    if state.of(tnt_model).size < 2 or not possible(tnt_model.model, ds):
+        return None
+    if val_ds is not None and not hasattr(val_ds, "last_index"):
+        return None  # a validation dataset of another kind cannot be dealt over fewer ranks
+    redo = StepRedo(tnt_model, ds, val_ds, class_weight)
+    redo.install()
+    return redo
