@@ -5,9 +5,11 @@ Keras trains), and leftovers on every host."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -167,6 +169,86 @@ def test_elastic_job_goes_on_without_a_cut_host(cluster: Cluster, tmp_path: Path
             assert re.search(rf"rank {rank} \(host 198\.18\.0\.2, local rank {rank - 2}\) is (left out|lost)", err), err
         print(f"the job finished {took:.1f} s after the cut")
         assert_gone(cluster, str(script), shm_before, within=30)
+
+
+SPARE_LOOP = r"""
+import json, os, sys, time, numpy as np, tnt_comm as tc
+
+STEPS, WAIT_AT = 300, 150
+i = 0
+if "TNT_JOIN" in os.environ:  # a replacement on the spare host: admitted at WAIT_AT, told it by rank 0
+    i = int(tc.broadcast(np.array([0], np.int64), root=0)[0])
+while i < STEPS:
+    try:
+        if i == WAIT_AT and tc.size() < 4:  # the survivors admit the replacements together
+            for _ in range(2400):
+                if tc.admit():
+                    tc.broadcast(np.array([i], np.int64), root=0)
+                    if tc.size() == 4:
+                        break
+                time.sleep(0.05)
+        n = tc.size()
+        got = tc.allreduce(np.full(1 << 14, tc.rank() + 1 + i, np.float32))
+        assert np.all(got == n * (n + 1) / 2 + n * i), (got[:2], n, i)
+        i += 1
+    except (tc.PeerFailure, tc.Timeout):
+        tc.shrink()
+        i = int(tc.allreduce(np.array([i], np.int64), op="min")[0])
+    if i == 30 and tc.membership() == (0, list(range(4))) and tc.rank() == 0:
+        open(sys.argv[1], "w").close()
+    time.sleep(0.01)
+print("RESULT", json.dumps([*tc.membership(), os.environ["TNT_RANK"]]), flush=True)
+"""
+
+
+@pytest.mark.timeout(240)
+def test_replacements_for_a_cut_host_start_on_a_spare_host(cluster: Cluster, tmp_path: Path) -> None:
+    """--elastic 2:4 over hosts 0 and 1 (2 ranks each), host 2 a spare of the hostfile: host 1 loses
+    its link; the ranks on host 0 go on without ranks 2 and 3, tnt-launch drops them once their agents
+    do not answer, starts their replacements on the spare host, and all four finish, checked exactly."""
+    shm_before = tnt_shm(cluster)
+    script = tmp_path / "spare.py"
+    script.write_text(SPARE_LOOP)
+    started = tmp_path / "started"
+    hostfile = tmp_path / "hostfile"
+    lines = [f"{cluster.address(0)} slots=2", f"{cluster.address(1)} slots=2", f"{cluster.address(2)} slots=2 spare"]
+    hostfile.write_text("".join(line + "\n" for line in lines))
+    launch = [sys.executable, "-m", "tnt_launch", "--hostfile", str(hostfile), "--ssh-port", "22", "--no-gpu",
+              "--elastic", "2:4", "--timeout", "2", "--output-on-all-devices",
+              "--", str(script), str(started)]
+    proc = subprocess.Popen(cluster.command(0, launch), env=env(cluster), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not started.exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the job did not start"
+            time.sleep(0.1)
+        try:
+            cluster.cut(1)
+            out, err = proc.communicate(timeout=180)
+        finally:
+            cluster.reconnect(1)
+        assert proc.returncode == 0, err[-3000:]
+        spare = re.escape(cluster.address(2))
+        for member, stands_for in ((4, 2), (5, 3)):
+            assert re.search(rf"starting rank {member} on host {spare} \(a spare host: host \S+ is gone\) "
+                             rf"in place of rank {stands_for}", err), err[-3000:]
+        results = sorted(line.split("RESULT ", 1)[1] for line in out.splitlines() if "RESULT " in line)
+        assert len(results) == 4, (out[-2000:], err[-3000:])
+        for line in results:
+            generation, members, _ = json.loads(line)
+            assert members[:2] == [0, 1] and sorted(members) == [0, 1, 4, 5] and generation >= 2, line
+        assert sorted(json.loads(line)[2] for line in results) == ["0", "1", "2", "3"]
+        assert re.search(r"finished on 4 rank\(s\); .*joined: rank [45], rank [45]", err), err[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        for p in job_processes(str(script)):
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+    assert_gone(cluster, str(script), shm_before, within=30)
 
 
 def registry(cluster: Cluster, host: int) -> list[str]:

@@ -36,8 +36,8 @@ GROUP_SECONDS = {
     "test_progbar.py": 80,
     "test_optimizers.py": 42,
     # Measured beside a CI rehearsal (2026-11-28), so rather high: 4-rank jobs that lose ranks.
-    "test_elastic.py-torch": 200,
-    "test_elastic.py-tensorflow": 100,
+    "test_elastic.py-torch": 300,
+    "test_elastic.py-tensorflow": 190,
     "test_elastic.py-jax": 100,
     "test_timeline.py": 31,
     "test_imports.py": 20,

@@ -27,10 +27,28 @@ def test_hostfile_names_slots_comments_and_blank_lines() -> None:
     ]
 
 
+def test_a_spare_host_is_marked_and_needs_a_host_to_start_on() -> None:
+    assert parse_hostfile_text("a slots=2\nb slots=2 spare\nc spare\n", "hf") == [
+        Host("a", slots=2),
+        Host("b", slots=2, spare=True),
+        Host("c", spare=True),
+    ]
+
+
+def test_a_spare_host_takes_replacements_of_elastic_min_max_only(tmp_path: Path) -> None:
+    hostfile = tmp_path / "hf"
+    hostfile.write_text("a\nb spare\n")
+    with pytest.raises(UsageError, match="a spare host takes the replacements of an elastic job; give --elastic MIN:MAX"):
+        resolve_hosts(LaunchConfig(script="x.py", hostfile=str(hostfile), elastic_min=1), {})
+    placement = resolve_hosts(LaunchConfig(script="x.py", hostfile=str(hostfile), elastic_min=1, elastic_max=2), {})
+    assert [h.spare for h in placement.hosts] == [False, True]
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
         ("a\nb\na\n", "hf:3: host 'a' is listed again (first on line 1)"),
+        ("a spare\n", "hf: every host is a spare; the job needs at least one host to start on"),
         ("a\nb cores=2\n", "hf:2: unknown field 'cores=2'"),
         ("a slots=0\n", "hf:1: slots must be a positive whole number, not '0'"),
         ("a slots=x\n", "hf:1: slots must be a positive whole number, not 'x'"),

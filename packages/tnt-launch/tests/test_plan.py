@@ -784,3 +784,23 @@ def test_remote_command_survives_a_shell_with_an_awkward_interpreter_path(tmp_pa
                           input=request_line({"mode": "probe"}), capture_output=True,
                           timeout=30, check=False)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_spare_host_starts_no_rank_but_has_a_place_for_each_slot() -> None:
+    hosts = [Host("node1", slots=2), Host("node2", slots=2, spare=True), Host("node3", slots=1)]
+    plan = plan_for(cfg(elastic_min=1, elastic_max=3), hosts, facts(cpus=8))
+    assert [(s.rank, s.host, s.node_rank, s.local_rank) for s in plan.ranks] == [
+        (0, "node1", 0, 0), (1, "node1", 0, 1), (2, "node3", 1, 0)
+    ]
+    assert plan.size == 3 and all(s.env["TNT_SIZE"] == "3" for s in plan.ranks)
+    # Node ranks after the job's hosts'; the rest as a rank of its own host would have it.
+    assert [(s.host, s.node_rank, s.local_rank, s.local_size, s.way) for s in plan.spares] == [
+        ("node2", 2, 0, 2, "ssh"), ("node2", 2, 1, 2, "ssh")
+    ]
+    assert [s.env["TNT_NODE_RANK"] for s in plan.spares] == ["2", "2"]
+    assert [s.env["TNT_LOCAL_RANK"] for s in plan.spares] == ["0", "1"]
+    assert all(s.env["OMP_NUM_THREADS"] == "4" and s.env["TNT_ELASTIC"] == "1" for s in plan.spares)
+    out = io.StringIO()
+    write_plan(plan, out)
+    assert "3 rank(s) on 2 host(s)" in out.getvalue()
+    assert "Spare hosts, for replacements of ranks whose host is gone (--elastic MIN:MAX): node2 (2 slot(s))" in out.getvalue()

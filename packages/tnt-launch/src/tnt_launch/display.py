@@ -149,10 +149,22 @@ def describe_start_timeout(value: str | None) -> str:
 
 
 def _title(plan: Plan) -> str:
+    spares = [h for h in plan.hosts if h.spare]
     return (
-        f"Plan of job {plan.job_id}: {plan.size} rank(s) on {len(plan.hosts)} host(s); "
+        f"Plan of job {plan.job_id}: {plan.size} rank(s) on {len(plan.hosts) - len(spares)} host(s); "
         f"rank 0 listens on {plan.master_addr}:{plan.master_port}"
     )
+
+
+def spare_line(plan: Plan) -> str | None:
+    """One line on the spare hosts (hostfile lines marked `spare`), if any."""
+    slots: dict[str, int] = {}
+    for spec in plan.spares:
+        slots[spec.host] = slots.get(spec.host, 0) + 1
+    if not slots:
+        return None
+    hosts = ", ".join(f"{host} ({count} slot(s))" for host, count in slots.items())
+    return f"Spare hosts, for replacements of ranks whose host is gone (--elastic MIN:MAX): {hosts}"
 
 
 def _assumed(assumed: Sequence[str]) -> str:
@@ -168,6 +180,8 @@ _DONE = "Dry run: nothing was started."
 def write_plan(plan: Plan, out: TextIO, assumed: Sequence[str] = ()) -> None:
     """The plan as plain lines, for a file or a pipe: nothing wrapped, nothing drawn."""
     lines = [_title(plan), *(rank_line(spec, plan) for spec in plan.ranks)]
+    if (spare := spare_line(plan)) is not None:
+        lines.append(spare)
     if (launch := describe_launch(plan)) is not None:
         lines.append(launch)
     lines += ["Environment exported to the ranks:", *environment_lines(plan)]
@@ -199,6 +213,8 @@ def render_plan(plan: Plan, console: Console, assumed: Sequence[str] = ()) -> No
             Text(command_line(spec.argv)),
         )
     console.print(table)
+    if (spare := spare_line(plan)) is not None:
+        console.print(Text(spare))
     if (launch := describe_launch(plan)) is not None:
         console.print(Text(launch))
 

@@ -19,11 +19,13 @@ _LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "::1")
 @dataclass(frozen=True)
 class Host:
     """One host of a job. `slots` is the rank count the hostfile asks for, if any; `local` says
-    whether it is the host tnt-launch runs on (started directly, not over ssh)."""
+    whether it is the host tnt-launch runs on (started directly, not over ssh); `spare` that it starts
+    no rank, but takes the replacements of an elastic job whose ranks' host is gone."""
 
     name: str
     slots: int | None = None
     local: bool = False
+    spare: bool = False
 
 
 def is_loopback(name: str) -> bool:
@@ -41,7 +43,8 @@ def is_local_host(name: str) -> bool:
 
 
 def parse_hostfile_text(text: str, source: str) -> list[Host]:
-    """Parse hostfile lines `host` or `host slots=K`; blank lines and `#` comments are ignored.
+    """Parse hostfile lines `host`, `host slots=K` or either with `spare` (a host kept for the
+    replacements of `--elastic MIN:MAX`); blank lines and `#` comments are ignored.
 
     Raises UsageError naming `source` and the line for every mistake.
     """
@@ -56,11 +59,15 @@ def parse_hostfile_text(text: str, source: str) -> list[Host]:
         if not _HOST_NAME.match(name):
             raise UsageError(f"{where}: {name!r} is not a host name")
         slots = None
+        spare = False
         for word in words[1:]:
+            if word == "spare":
+                spare = True
+                continue
             key, eq, value = word.partition("=")
             if key != "slots" or not eq:
                 raise UsageError(
-                    f"{where}: unknown field {word!r} (a line is 'HOST' or 'HOST slots=N')"
+                    f"{where}: unknown field {word!r} (a line is 'HOST', 'HOST slots=N', either with 'spare')"
                 )
             if not value.isdigit() or int(value) < 1:
                 raise UsageError(f"{where}: slots must be a positive whole number, not {value!r}")
@@ -73,9 +80,11 @@ def parse_hostfile_text(text: str, source: str) -> list[Host]:
                 "host names must be unique"
             )
         seen[name] = number
-        hosts.append(Host(name, slots))
+        hosts.append(Host(name, slots, spare=spare))
     if not hosts:
         raise UsageError(f"{source}: the hostfile lists no hosts")
+    if all(h.spare for h in hosts):
+        raise UsageError(f"{source}: every host is a spare; the job needs at least one host to start on")
     return hosts
 
 
@@ -105,7 +114,7 @@ class Placement:
 
 
 def _named(hosts: list[Host]) -> list[Host]:
-    return [Host(h.name, h.slots, is_local_host(h.name)) for h in hosts]
+    return [Host(h.name, h.slots, is_local_host(h.name), h.spare) for h in hosts]
 
 
 def _allocation_hosts(config: LaunchConfig, found: slurm.Allocation, by_srun: bool) -> list[Host]:
@@ -138,7 +147,13 @@ def resolve_hosts(config: LaunchConfig, environ: Mapping[str, str] | None = None
     if launcher == "local":
         return Placement([Host("localhost", local=True)], "local")
     if config.hostfile is not None:
-        return Placement(_named(parse_hostfile(config.hostfile)), "ssh")
+        hosts = _named(parse_hostfile(config.hostfile))
+        if any(h.spare for h in hosts) and config.elastic_max is None:
+            raise UsageError(
+                f"{config.hostfile}: a spare host takes the replacements of an elastic job; give "
+                "--elastic MIN:MAX, or drop 'spare'"
+            )
+        return Placement(hosts, "ssh")
     if found is None or (config.nprocs is not None and launcher != "srun" and not _srun_here(launcher, environ)):
         return Placement([Host("localhost", local=True)], launcher or "local")
     by_srun = launcher == "srun" or _srun_here(launcher, environ)

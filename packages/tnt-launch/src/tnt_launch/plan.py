@@ -7,6 +7,7 @@ printed without starting or contacting anything.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -179,6 +180,9 @@ class Plan:
     script_path: str | None = None
     registry: str | None = None
     """TNT_LAUNCH_REGISTRY: the registry folder on every host; None: the default."""
+    spares: tuple[RankSpec, ...] = ()
+    """A rank's place on each slot of the hostfile's spare hosts, for an elastic job's replacements
+    whose own host is gone (the supervisor sets the rank, TNT_RANK and TNT_JOIN)."""
 
     @property
     def size(self) -> int:
@@ -257,6 +261,13 @@ def gpi2_sockets(
 
 
 def _ranks_per_host(config: LaunchConfig, host: Host, facts: HostFacts) -> int:
+    if host.spare:
+        return 0
+    return _slots(config, host, facts)
+
+
+def _slots(config: LaunchConfig, host: Host, facts: HostFacts) -> int:
+    """The ranks a host runs (a spare host: the replacements it may take)."""
     if config.nprocs is not None:
         return config.nprocs
     if config.n_per_node is not None:
@@ -386,7 +397,10 @@ def build_plan(
         config, environ, user_set, identity, master_addr, sum(counts), stdout_tty,
         TF_LOG_DEBUG if log_level == "DEBUG" else TF_LOG_QUIET, setup.rank_envs if setup is not None else [],
     )
-    ranks = _rank_specs(config, hosts, counts, facts, job, per_gpu if use_gpus else 0, launcher, cpus_per_task)
+    started = [(h, c) for h, c in zip(hosts, counts, strict=True) if not h.spare]
+    ranks = _rank_specs(config, [h for h, _ in started], [c for _, c in started], facts, job,
+                        per_gpu if use_gpus else 0, launcher, cpus_per_task)
+    spares = _spare_specs(config, hosts, facts, job, per_gpu if use_gpus else 0, launcher, len(started))
     return Plan(
         ranks=tuple(ranks),
         hosts=tuple(hosts),
@@ -411,7 +425,26 @@ def build_plan(
             else os.path.realpath(os.path.join(config.cwd, config.registered_script))
         ),
         registry=environ.get("TNT_LAUNCH_REGISTRY") or None,
+        spares=tuple(spares),
     )
+
+
+def _spare_specs(
+    config: LaunchConfig, hosts: Sequence[Host], facts: Mapping[str, HostFacts], job: _JobEnv, per_gpu: int,
+    launcher: str, first_node: int,
+) -> list[RankSpec]:
+    """A rank's place on every slot of the spare hosts (node ranks after the job's hosts'), planned
+    as the job's own ranks are; on CPUs where a spare host has too few GPUs."""
+    spares = [h for h in hosts if h.spare]
+    places: list[RankSpec] = []
+    for i, host in enumerate(spares):
+        slots = _slots(config, host, facts[host.name])
+        gpus = per_gpu if per_gpu and len(facts[host.name].gpus) >= gpus_needed(slots, per_gpu) else 0
+        for spec in _rank_specs(config, [host], [slots], facts, job, gpus, launcher, None):
+            node = first_node + i
+            env = {**spec.env, contract.NODE_RANK: str(node)}
+            places.append(dataclasses.replace(spec, node_rank=node, env=env))
+    return places
 
 
 def _rank_specs(

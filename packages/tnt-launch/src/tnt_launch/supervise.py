@@ -85,6 +85,7 @@ class Supervisor:
         self.unneeded: list[RankRun] = []
         """Replacements stopped because the job ended before it admitted them."""
         self.next_member = len(plan.ranks)  # replacements get new member ids, after the first ranks'
+        self.spares_taken: set[tuple[str, int]] = set()  # slots of spare hosts given to replacements
         self.left_out: dict[int, tuple[float, int, list[int]]] = {}
         """Ranks an elastic job re-formed without while they still ran: when that was heard, and the
         generation (number, members) that left them out."""
@@ -285,9 +286,7 @@ class Supervisor:
         if self.store is None or config.elastic_min is None or self.stopping:
             return False
         # Replacements still waiting to be admitted cannot carry the job on.
-        waiting = self._waiting_to_join()
-        left = sum(1 for r in self.runs if r.running and r not in waiting)
-        left += sum(1 for spec in self.pending if contract.JOIN not in spec.env)
+        left = self._ranks_left()
         if left < config.elastic_min:
             return False
         self.lost.append(run)
@@ -298,18 +297,45 @@ class Supervisor:
         return True
 
     def _replace(self, run: RankRun, left: int) -> None:
-        """Starts a replacement for `run` on its host (--elastic MIN:MAX), as a new member that the
-        job admits at its next epoch, while MAX ranks and --max-restarts replacements allow it."""
+        """Starts a replacement for `run` (--elastic MIN:MAX), as a new member that the job admits
+        at its next epoch, while MAX ranks and --max-restarts replacements allow it: on `run`'s host,
+        or where that host is gone (its agent stopped answering, or its connection ended without a
+        word), on a free slot of a spare host of the hostfile."""
         config = self.config
         started = len(self.joining) + sum(1 for spec in self.pending if contract.JOIN in spec.env)
         if config.elastic_max is None or left >= config.elastic_max or started >= config.max_restarts:
             return
+        place, why = run.spec, ""
+        if self._host_gone(run):
+            free = [s for s in self.plan.spares if (s.host, s.local_rank) not in self.spares_taken]
+            if not free:
+                self._say(f"no replacement for rank {run.spec.rank}: its host {run.spec.host} is gone and no "
+                          "spare host of the hostfile has a free slot")
+                return
+            place = free[0]
+            self.spares_taken.add((place.host, place.local_rank))
+            why = f" (a spare host: host {run.spec.host} is gone)"
         member = self.next_member
         self.next_member += 1
-        env = {**run.spec.env, contract.JOIN: str(member)}
-        self.pending.append(dataclasses.replace(run.spec, rank=member, env=env))
-        self._say(f"starting rank {member} on host {run.spec.host} in place of rank {run.spec.rank} "
+        # The rank it stands in for names its output and files (TNT_RANK); the job gives it its rank.
+        env = {**place.env, contract.RANK: run.spec.env[contract.RANK], contract.JOIN: str(member),
+               contract.STDOUT_TTY: run.spec.env.get(contract.STDOUT_TTY, "false")}
+        self.pending.append(dataclasses.replace(place, rank=member, env=env))
+        self._say(f"starting rank {member} on host {place.host}{why} in place of rank {run.spec.rank} "
                   f"(replacement {started + 1} of at most {config.max_restarts}); it joins at the next epoch")
+
+    def _host_gone(self, run: RankRun) -> bool:
+        """Whether `run`'s host cannot take a replacement: its agents stopped answering, or `run`'s
+        agent on another host ended without reporting how the rank did (its connection cut)."""
+        if run.spec.host in self.silent_hosts:
+            return True
+        return run.spec.way == "ssh" and run.reported is None and run.proc is not None and run.proc.poll() is not None
+
+    def _ranks_left(self) -> int:
+        """The ranks that carry the job on: running members, and those about to start (not joiners)."""
+        waiting = self._waiting_to_join()
+        left = sum(1 for r in self.runs if r.running and r not in waiting)
+        return left + sum(1 for spec in self.pending if contract.JOIN not in spec.env)
 
     def _check_generations(self, now: float) -> None:
         """Stops the ranks an elastic job re-formed without while they still run (a stopped rank, a
@@ -344,6 +370,8 @@ class Supervisor:
                 run.status = RankStatus(None, error="did not answer")
                 for stream in run.streams:
                     self._close_stream(stream)
+                if run in self.silent and not self.stopping:  # its host is gone: a spare may take it
+                    self._replace(run, self._ranks_left())
 
     def _waiting_to_join(self) -> list[RankRun]:
         """Replacements that run but that the job has not admitted yet."""
