@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 from cluster_jobs import HOSTS, TRAIN, TRANSPORTS, assert_gone, env, job_processes, launch_argv, tnt_shm, transport_args
@@ -249,6 +250,69 @@ def test_replacements_for_a_cut_host_start_on_a_spare_host(cluster: Cluster, tmp
             with contextlib.suppress(psutil.Error):
                 p.kill()
     assert_gone(cluster, str(script), shm_before, within=30)
+
+
+ELASTIC_FIT = r"""
+import os, sys, time
+import numpy as np, keras, tnt_comm, tnt_keras as tnt
+
+x = np.random.RandomState(0).rand(96, 8).astype("float32")
+y = (x.sum(axis=1) > 4).astype("float32")
+
+
+def build():
+    keras.utils.set_random_seed(7)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(64, activation="relu"), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=["mae"])
+    return model
+
+
+class Paced(keras.callbacks.Callback):
+    # Steps a tenth of a second apart, so that the cut falls inside the fit; rank 0 says when epoch 1 begins.
+    def on_train_batch_begin(self, batch, logs=None):
+        if tnt_comm.membership()[0] == 0 and tnt_comm.rank() == 0 and batch == 0 and self.epoch == 1:
+            open(sys.argv[1], "w").close()
+        time.sleep(0.1)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+
+model = tnt.Model(build())
+history = model.fit(x, y, batch_size=24, epochs=6, shuffle=False, verbose=0, callbacks=[Paced()])
+serial = build()
+serial_history = serial.fit(x, y, batch_size=24, epochs=6, shuffle=False, verbose=0)
+values = lambda m: [keras.ops.convert_to_numpy(v) for v in m.optimizer.variables] + m.get_weights()
+diff = max(float(np.abs(a - b).max()) for a, b in zip(values(model.model), values(serial), strict=True))
+scale = max(float(np.abs(v).max()) for v in values(serial))
+logs = max(abs(a - b) / max(1.0, abs(b)) for k in serial_history.history
+           for a, b in zip(history.history[k], serial_history.history[k], strict=True))
+print(f"RESULT member {tnt_comm.membership()[1][tnt_comm.rank()]} diff {diff / max(1.0, scale):.3g} logs {logs:.3g}",
+      flush=True)
+"""
+
+
+@pytest.mark.timeout(240)
+def test_an_elastic_fit_goes_on_without_a_cut_host_and_equals_serial_training(cluster: Cluster, tmp_path: Path) -> None:
+    """--elastic 2 while 6 ranks train a Keras model on torch: host 1 loses its link in epoch 1. The
+    four ranks left time out (2 s), re-form the job, redo the step they were in, and end with serial
+    Keras' weights, optimizer state and logs (within 8 float32 ulps, relative)."""
+    shm_before = tnt_shm(cluster)
+    args = ("--elastic", "2", "--timeout", "2", "--output-on-all-devices", "-x", "KERAS_BACKEND=torch")
+    with loop_job(cluster, tmp_path, *args, code=ELASTIC_FIT) as (proc, script):
+        try:
+            cluster.cut(1)
+            out, err = proc.communicate(timeout=180)
+        finally:
+            cluster.reconnect(1)
+        assert proc.returncode == 0, err[-3000:]
+        results = [line.split("RESULT ", 1)[1].split() for line in out.splitlines() if "RESULT " in line]
+        assert sorted(int(r[1]) for r in results) == [0, 1, 4, 5], (out[-2000:], err[-3000:])
+        bound = 8 * float(np.finfo(np.float32).eps)
+        for r in results:
+            assert float(r[3]) <= bound and float(r[5]) <= bound, (r, err[-3000:])
+        assert "runs again on 4 rank(s)" in err or "trains epoch" in err, err[-3000:]
+        assert_gone(cluster, str(script), shm_before, within=30)
 
 
 def registry(cluster: Cluster, host: int) -> list[str]:

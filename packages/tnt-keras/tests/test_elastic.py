@@ -1,7 +1,7 @@
 """Elastic fits (tnt-launch --elastic): ranks are killed (SIGKILL) inside a real job, before a
 training step, inside one between its gradient sum and its metric sum, at random points of steps,
-at an epoch's end, during the validation of an epoch and during a later evaluate, rank 0 and two
-ranks at once among them; the survivors re-form the job, redo the step (torch) or the epoch, and end
+at an epoch's end, during the validation of an epoch and during a later evaluate and predict, rank
+0 and two ranks at once among them; the survivors re-form the job, redo the step (torch) or the epoch, and end
 with what serial Keras ends with on the same global batches: weights and optimizer state, every
 epoch's logs in History, and the evaluate's results. Fewer ranks left than --elastic asks for end
 the job as a lost rank does without it."""
@@ -28,6 +28,7 @@ SCENARIOS = {
     "rank-0-epoch-end": (["0@2:epoch_end"], [1, 2, 3], "2"),
     "two-in-validation": (["2@1:validation:1", "3@1:validation:1"], [0, 1], "2"),
     "evaluate": (["1@0:evaluate:1"], [0, 2, 3], "2"),
+    "predict": (["3@0:predict:1"], [0, 1, 2], "2"),
     # Rank 2 is lost in epoch 0; tnt-launch starts rank 4 in its place, which joins at epoch 2.
     "replacement": (["2@0:batch:2", "wait@2"], [0, 1, 2, 3], "2:4"),
 }
@@ -64,6 +65,8 @@ def test_an_elastic_fit_that_loses_ranks_equals_serial_training(backend: str, sc
             assert all(map(close, got, values[-len(got):])), (key, got, values)
         for key, value in report["serial_evaluated"].items():
             assert close(report["evaluated"][key], value), (key, report["evaluated"], report["serial_evaluated"])
+        assert report["predicted_shape"] == [48, 1], report  # every row once, in order
+        assert report["predict_error"] <= TOL * max(1.0, report["predict_scale"]), report
     if backend == "torch" and scenario in ("step", "after-gradient-sum", "stopped"):  # the step, not the epoch
         assert "runs again on 3 rank(s)" in result.output and "trains epoch" not in result.output, result.output
     lost = [int(a.split("@")[0]) for a in args if not a.startswith("wait")]
@@ -110,3 +113,4 @@ def test_kills_at_random_points_of_an_elastic_fit_leave_it_equal_to_serial_train
         assert all(map(close, survivor["history"][key], values)), (key, survivor["history"][key], values, context)
     for key, value in survivor["serial_evaluated"].items():
         assert close(survivor["evaluated"][key], value), (key, context)
+    assert survivor["predict_error"] <= TOL * max(1.0, survivor["predict_scale"]), context

@@ -543,13 +543,18 @@ class Model(keras.Model):
                     **kwargs,
                 )
 
+        return self._again_after_a_loss(run, "evaluates again")
+
+    def _again_after_a_loss(self, run: Callable[[], Any], what: str) -> Any:
+        """``run()``; in an elastic job that loses a rank meanwhile, the survivors re-form the job and
+        run it again (``what`` they do, for the log line)."""
         while True:
             try:
                 return run()
             except elastic.FAILURES as e:
                 if not elastic.enabled():
                     raise
-                elastic.reform(self, e, "evaluates again")
+                elastic.reform(self, e, what)
 
     def predict(
         self,
@@ -566,8 +571,16 @@ class Model(keras.Model):
         list, tuple or dict of them).
 
         Collective: the model is built if needed and every rank first takes rank 0's variables,
-        so the predictions come from one set of weights even for a model that was never fit.
+        so the predictions come from one set of weights even for a model that was never fit. In an
+        elastic job that loses a rank meanwhile, the survivors predict again.
         """
+        args = (x, batch_size, verbose, steps, callbacks, tnt_micro_batch_size, tnt_distribute_dataset)
+        return self._again_after_a_loss(lambda: self._predict(*args), "predicts again")
+
+    def _predict(
+        self, x: Any, batch_size: int | None, verbose: Any, steps: int | None, callbacks: Any,
+        tnt_micro_batch_size: int | None, tnt_distribute_dataset: bool,
+    ) -> Any:
         ds = self._dataset(
             x,
             None,

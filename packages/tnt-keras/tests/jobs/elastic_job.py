@@ -7,7 +7,8 @@ generation, WHERE one of "batch" (before training batch BATCH of epoch EPOCH), "
 stopped by SIGSTOP instead: the others time out, and tnt-launch ends it), "metrics" (inside
 training batch BATCH of epoch EPOCH, after its gradient sum, before its metric sum), "epoch_end" (at
 the end of epoch EPOCH, after its validation), "validation" (before validation batch BATCH of epoch
-EPOCH) and "evaluate" (before batch BATCH of the evaluate after the fit); or MEMBER@step:K:F, killed
+EPOCH), "evaluate" (before batch BATCH of the evaluate after the fit) and "predict" (before batch
+BATCH of the predict after that); or MEMBER@step:K:F, killed
 F times the length of its last step after its K-th training batch began (redone ones counted too),
 wherever it is then. "epochs=N" trains N epochs (default 4). "wait@EPOCH": every rank
 waits at the start of epoch EPOCH until a replacement rank (tnt-launch --elastic MIN:MAX) has asked
@@ -91,7 +92,7 @@ class Killer(keras.callbacks.Callback):
         if tnt_comm.membership()[0] != 0 or not self.armed:
             return
         for who, epoch, at, at_batch in kills:
-            if who == member and at == where and at_batch == batch and (where == "evaluate" or epoch == self.epoch):
+            if who == member and at == where and at_batch == batch and (where in ("evaluate", "predict") or epoch == self.epoch):
                 os.kill(os.getpid(), signal.SIGKILL)
             if who == member and at == "stop" and where == "batch" and at_batch == batch and epoch == self.epoch:
                 os.kill(os.getpid(), signal.SIGSTOP)
@@ -126,6 +127,9 @@ class Killer(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         self._maybe("epoch_end")
 
+    def on_predict_batch_begin(self, batch, logs=None):
+        self._maybe("predict", batch)
+
     def on_test_batch_begin(self, batch, logs=None):
         self._maybe("evaluate" if self.evaluating else "validation", batch)
 
@@ -137,6 +141,8 @@ history = model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbos
 killer.evaluating = True
 evaluated = model.evaluate(x_val, y_val, batch_size=BATCH, verbose=0, return_dict=True,
                            callbacks=[tnt.callbacks.Callback(killer, aggregate_logs=False)])
+predicted = model.predict(x_val, batch_size=BATCH, verbose=0,
+                          callbacks=[tnt.callbacks.Callback(killer, aggregate_logs=False)])
 killer.armed = False
 
 serial = build()
@@ -144,6 +150,7 @@ serial_history = serial.fit(
     x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0, validation_data=(x_val, y_val)
 )
 serial_evaluated = serial.evaluate(x_val, y_val, batch_size=BATCH, verbose=0, return_dict=True)
+serial_predicted = serial.predict(x_val, batch_size=BATCH, verbose=0)
 
 
 def largest_difference(a, b):
@@ -170,4 +177,7 @@ report({
     "scale": max(float(np.max(np.abs(v))) for v in values(serial)),
     "variables_error": largest_difference(values(model.model), values(serial)),
     "iterations": int(keras.ops.convert_to_numpy(model.model.optimizer.iterations)),
+    "predicted_shape": list(np.shape(predicted)),
+    "predict_error": largest_difference([predicted], [serial_predicted]),
+    "predict_scale": float(np.max(np.abs(serial_predicted))),
 })
