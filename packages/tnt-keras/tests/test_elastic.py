@@ -31,7 +31,10 @@ SCENARIOS = {
     "predict": (["3@0:predict:1"], [0, 1, 2], "2"),
     # Rank 2 is lost in epoch 0; tnt-launch starts rank 4 in its place, which joins at epoch 2.
     "replacement": (["2@0:batch:2", "wait@2"], [0, 1, 2, 3], "2:4"),
+    # The same, joining in the middle of epoch 1: replacements are admitted every 6 steps (torch).
+    "replacement-mid-epoch": (["2@0:batch:2", "wait@1:2"], [0, 1, 2, 3], "2:4"),
 }
+EXTRA = {"replacement-mid-epoch": ("-x", "TNT_ELASTIC_ADMIT_STEPS=6")}
 CASES = [("torch", name) for name in SCENARIOS] + [
     ("tensorflow", "rank-0-epoch-end"),
     ("tensorflow", "replacement"),
@@ -50,7 +53,8 @@ def test_an_elastic_fit_that_loses_ranks_equals_serial_training(backend: str, sc
     skip_unless_installed(backend)
     args, slots, elastic = SCENARIOS[scenario]
     result = _launch("elastic_job", 4, tuple(args), timeout=280, backend=backend,
-                     launcher_args=("--elastic", elastic, "--timeout", "10" if scenario == "stopped" else "30"))
+                     launcher_args=("--elastic", elastic, "--timeout", "10" if scenario == "stopped" else "30",
+                                    *EXTRA.get(scenario, ())))
     assert f"finished on {len(slots)} rank(s)" in result.output, result.output[-4000:]
     reports = [result.ranks[slot] for slot in slots]
     members = sorted(report["member"] for report in reports)
@@ -73,9 +77,12 @@ def test_an_elastic_fit_that_loses_ranks_equals_serial_training(backend: str, sc
     for victim in lost:
         how = "is left out of the job" if scenario == "stopped" else "is lost"
         assert f"rank {victim} (host localhost, local rank {victim}) {how}" in result.output, result.output[-4000:]
-    if scenario == "replacement":
+    if scenario.startswith("replacement"):
         assert members == [0, 1, 3, 4] and "joined: rank 4" in result.output, result.output[-4000:]
-        assert [r["epochs"] for r in reports if r["member"] == 4] == [[2, 3]]
+        joined = [2, 3] if scenario == "replacement" else [1, 2, 3]
+        assert [r["epochs"] for r in reports if r["member"] == 4] == [joined]
+    if scenario == "replacement-mid-epoch":
+        assert "from epoch 2, step 3 on" in result.output, result.output[-4000:]
 
 
 @pytest.mark.timeout(300)

@@ -25,9 +25,11 @@ import tnt_comm
 from tnt_comm import contract
 
 from . import state, timeline
+from . import variables as shared_variables
 from .runtime import logger
 
 FAILURES = (tnt_comm.PeerFailure, tnt_comm.Timeout)
+_NOBODY = 1 << 40  # above any rank
 JOIN = contract.JOIN  # set in tnt-launch's replacement ranks: the member id each joins as
 _joined = False  # this replacement's first fit has learnt the epoch it joins at
 
@@ -42,12 +44,13 @@ class Reformed(Exception):
 
 
 class Grown(Exception):
-    """Replacement ranks were admitted as ``epoch`` was about to begin: the fit goes on from there
-    with them (not an error: ``fit`` catches it)."""
+    """Replacement ranks were admitted as step ``step`` of ``epoch`` was about to begin (0: the
+    epoch's start; later steps: ``step_redo.py``): the fit goes on from there with them (not an
+    error: ``fit`` catches it)."""
 
-    def __init__(self, epoch: int) -> None:
-        super().__init__(f"the job grew at epoch {epoch}")
-        self.epoch = epoch
+    def __init__(self, epoch: int, step: int = 0) -> None:
+        super().__init__(f"the job grew at epoch {epoch}, step {step}")
+        self.epoch, self.step = epoch, step
 
 
 def enabled() -> bool:
@@ -65,9 +68,13 @@ class EpochStart(keras.callbacks.Callback):
         self.variables = variables
         self.epoch: int | None = None
         self.saved: dict[int, list[np.ndarray]] = {}
+        self.resume: tuple[int, int] = (-1, 0)  # (epoch, step) the next attempt goes on from
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         self.epoch = epoch
+        resume, self.resume = self.resume, (-1, 0)
+        if resume[0] == epoch and resume[1] > 0:
+            return  # an attempt that goes on in the epoch's middle: the epoch began before, and its copy stands
         # Replacements that wait are admitted where every rank is alike: here (one broadcast).
         if tnt_comm.admit():
             raise Grown(epoch)
@@ -76,11 +83,18 @@ class EpochStart(keras.callbacks.Callback):
             del self.saved[old]
 
     def restore(self, epoch: int) -> None:
+        """Puts back the variables ``epoch`` began with. Collective: a replacement that joined in
+        the epoch's middle has no copy of them, and takes the first survivor's."""
         values = self.saved.get(epoch)
-        if values is None:
+        have = np.array([tnt_comm.rank() if values is not None else _NOBODY, 0 if values is not None else -1])
+        holder, lacking = (int(v) for v in tnt_comm.allreduce(have, op="min"))
+        if holder == _NOBODY:
             return  # the fit had not begun that epoch anywhere: the start's broadcast is the state
-        for variable, value in zip(self.variables(), values, strict=True):
-            variable.assign(value)
+        if values is not None:
+            for variable, value in zip(self.variables(), values, strict=True):
+                variable.assign(value)
+        if lacking:
+            shared_variables.broadcast_variables(self.variables(), root=holder, checked=True)
 
 
 def _follow_the_job(tnt_model: keras.Model, retrace: bool = True) -> None:
@@ -113,27 +127,29 @@ def reform(tnt_model: keras.Model, error: BaseException, what: str, retrace: boo
     )
 
 
-def grown(tnt_model: keras.Model, epoch: int, before: int) -> int:
-    """After replacements joined at ``epoch``: points the model's hooks at the job, tells the new
-    ranks the epoch (their fit's first collective) and returns it."""
-    with timeline.span("replacement ranks joined", epoch=epoch):
+def grown(tnt_model: keras.Model, epoch: int, step: int, before: int) -> tuple[int, int]:
+    """After replacements joined before step ``step`` of ``epoch``: points the model's hooks at the
+    job, tells the new ranks where (their fit's first collective) and returns it."""
+    with timeline.span("replacement ranks joined", epoch=epoch, step=step):
         _follow_the_job(tnt_model)
     generation, members = tnt_comm.membership()
     logger.warning(
-        "%d replacement rank(s) joined; the job has %d rank(s) (generation %d: members %s) from epoch %d on",
-        tnt_comm.size() - before, tnt_comm.size(), generation, ", ".join(map(str, members)), epoch + 1,
+        "%d replacement rank(s) joined; the job has %d rank(s) (generation %d: members %s) from epoch %d, step %d on",
+        tnt_comm.size() - before, tnt_comm.size(), generation, ", ".join(map(str, members)), epoch + 1, step + 1,
     )
-    return int(tnt_comm.broadcast(np.array([epoch], np.int64), root=0)[0])
+    epoch, step = (int(v) for v in tnt_comm.broadcast(np.array([epoch, step], np.int64), root=0))
+    return epoch, step
 
 
-def joined_epoch(first_epoch: int) -> int:
-    """In a replacement's first fit: the epoch the job is at, from rank 0 (``grown``'s broadcast);
-    elsewhere ``first_epoch``."""
+def joined_at(first_epoch: int) -> tuple[int, int]:
+    """In a replacement's first fit: the epoch and step the job is at, from rank 0 (``grown``'s
+    broadcast); elsewhere ``first_epoch``'s start."""
     global _joined
     if _joined or JOIN not in os.environ:
-        return first_epoch
+        return first_epoch, 0
     _joined = True
-    return int(tnt_comm.broadcast(np.array([first_epoch], np.int64), root=0)[0])
+    epoch, step = (int(v) for v in tnt_comm.broadcast(np.array([first_epoch, 0], np.int64), root=0))
+    return epoch, step
 
 
 def epoch_to_redo(epoch_start: EpochStart, first_epoch: int) -> int:

@@ -456,24 +456,28 @@ class Model(keras.Model):
 
         if not elastic.enabled():
             return run(*datasets(), initial_epoch, False, [])
-        return self._fit_elastically(datasets, run, initial_epoch, class_weight)
+        return self._fit_elastically(datasets, run, initial_epoch, class_weight, steps_per_epoch)
 
     def _fit_elastically(
-        self, datasets: Callable[[], Any], run: Callable[..., Any], initial_epoch: int, class_weight: Any
+        self, datasets: Callable[[], Any], run: Callable[..., Any], initial_epoch: int, class_weight: Any,
+        steps_per_epoch: int | None,
     ) -> Any:
         """``fit`` in an elastic job: after a lost rank the survivors re-form the job and redo the
         step it was lost in (step_redo.py), or where they cannot, the epoch, from the variables that
         epoch began with (elastic.py)."""
         epoch_start = elastic.EpochStart(lambda: shared_variables.model_and_optimizer_variables(self._model))
         done = elastic.Epochs()
-        first = elastic.joined_epoch(initial_epoch)
+        first, step = elastic.joined_at(initial_epoch)
+        resume = step_redo.Resume(step, None, steps_per_epoch)
         resuming = False
         while True:
             ds, val_ds = datasets()
-            if resuming and hasattr(ds, "start_at"):  # tnt's slices of arrays and PyDatasets
-                ds.start_at(first - initial_epoch)  # the epoch redone keeps the order it had
+            if first != initial_epoch and hasattr(ds, "start_at"):  # tnt's slices of arrays and PyDatasets
+                ds.start_at(first - initial_epoch)  # the epoch redone (or joined) keeps the order it had
             before = getattr(self._model, "history", None)
-            redo = step_redo.attach(self, ds, val_ds, class_weight)
+            epoch_start.resume = (first, resume.step)
+            redo = step_redo.attach(self, ds, val_ds, class_weight, epoch_start, resume)
+            resume = step_redo.Resume(0, None, steps_per_epoch)
             try:
                 return done.into(run(ds, val_ds, first, resuming, [epoch_start]))
             except (elastic.Reformed, *elastic.FAILURES) as e:
@@ -481,7 +485,8 @@ class Model(keras.Model):
                 first = self._back_to_an_epoch(e, redo, epoch_start, first)
             except elastic.Grown as e:
                 attempt = getattr(self._model, "history", None)
-                first = elastic.grown(self, e.epoch, state.of(self).size)
+                first, step = elastic.grown(self, e.epoch, e.step, state.of(self).size)
+                resume = step_redo.Resume(step, redo.sums if redo is not None else None, steps_per_epoch)
             finally:
                 if redo is not None:
                     redo.uninstall()

@@ -21,6 +21,7 @@ collective), and fits this cannot redo, go back to the epoch's start instead (``
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -36,6 +37,9 @@ from .runtime import logger
 
 _FURTHEST = 1 << 40  # above any step count: agree() finds the furthest step as a minimum
 _RANKS = 1 << 20  # above any rank
+ADMIT_STEPS = "TNT_ELASTIC_ADMIT_STEPS"
+"""Every this many steps of a fit (default 100; 0: never) replacements that wait are admitted there,
+not only at an epoch's start: a store look-up on rank 0 and one broadcast."""
 
 
 def possible(model: keras.Model, ds: Any) -> bool:
@@ -78,11 +82,17 @@ class StepRedo:
     trains on (``ArraySlices``/``DatasetSlices``), ``val_ds`` what it validates on (re-dealt too,
     where it is tnt's), ``class_weight`` the fit's."""
 
-    def __init__(self, tnt_model: keras.Model, ds: Any, val_ds: Any, class_weight: Any) -> None:
+    def __init__(
+        self, tnt_model: keras.Model, ds: Any, val_ds: Any, class_weight: Any, epoch_start: elastic.EpochStart,
+        resume: Resume,
+    ) -> None:
         self.tnt_model, self.model, self.class_weight = tnt_model, tnt_model.model, class_weight
-        self.ds, self.val_ds = ds, val_ds
-        self.done = 0  # train steps this attempt finished here
+        self.ds, self.val_ds, self.epoch_start = ds, val_ds, epoch_start
+        self.done = 0  # train steps this attempt finished here (or passed over, going on mid-epoch)
+        self.skip, self.share_sums = resume.step, resume.step > 0
+        self.admit_every = resume.admit_every
         self.sums: list[Any] | None = None  # the global metric states after them (None: not known)
+        self.carried = resume.sums  # those of the attempt before, where this one goes on mid-epoch
         self.pending: dict[int, Any] = {}
         self.in_step = False
         self.reset = False  # the metrics were reset since the last step: their global states are 0
@@ -123,6 +133,17 @@ class StepRedo:
             self._collect()
         if self.reset:
             self.sums, self.reset = [keras.ops.zeros_like(v.value) for v in self.metric_variables], False
+        if self.share_sums:  # going on mid-epoch: the epoch's metric states so far, from rank 0
+            self.share_sums, self.sums = False, self.carried
+            self._hand_on(0, metrics_only=True)
+            self._share_out_sums()
+        if self.skip > 0:  # the steps of the epoch done before the replacements joined
+            self.skip -= 1
+            self.done += 1
+            return self._logs()
+        if self.admit_every and self.done % self.admit_every == 0 and self.ds.last_index > 0 and self.sums is not None:
+            if tnt_comm.admit():  # replacements wait: the attempt goes on with them from this step
+                raise elastic.Grown(self.epoch_start.epoch or 0, self.ds.last_index)
         while True:
             before = [keras.ops.copy(v.value) for v in self.small]
             self.pending, self.in_step = {}, True
@@ -167,12 +188,12 @@ class StepRedo:
         )
         return finished_elsewhere
 
-    def _hand_on(self, healer: int) -> None:
+    def _hand_on(self, healer: int, metrics_only: bool = False) -> None:
         """Every rank takes ``healer``'s variables and global metric states (one broadcast)."""
         if tnt_comm.rank() == healer:
             for variable, value in zip(self.metric_variables, self.sums or [], strict=True):
                 variable.assign(value)
-        everything = shared_variables.model_and_optimizer_variables(self.model)
+        everything = [] if metrics_only else shared_variables.model_and_optimizer_variables(self.model)
         ids = {id(v) for v in everything}
         everything += [v for v in self.metric_variables if id(v) not in ids]
         shared_variables.broadcast_variables(everything, root=healer, checked=True)
@@ -200,13 +221,25 @@ class StepRedo:
         return [keras.tree.map_structure(keras.ops.convert_to_tensor, batch, none_is_leaf=False)]
 
 
-def attach(tnt_model: keras.Model, ds: Any, val_ds: Any, class_weight: Any) -> StepRedo | None:
+class Resume:
+    """Where an attempt of an elastic fit goes on: the step of its first epoch (0: the start) and the
+    global metric states there (rank 0's count), and how often it admits replacements mid-epoch."""
+
+    def __init__(self, step: int = 0, sums: list[Any] | None = None, steps_per_epoch: int | None = None) -> None:
+        self.step, self.sums = step, sums
+        # Steps are counted within an epoch where Keras starts every epoch's batches anew.
+        self.admit_every = int(os.environ.get(ADMIT_STEPS, "100") or 0) if steps_per_epoch is None else 0
+
+
+def attach(
+    tnt_model: keras.Model, ds: Any, val_ds: Any, class_weight: Any, epoch_start: elastic.EpochStart, resume: Resume
+) -> StepRedo | None:
     """The step redo of one attempt of an elastic fit, installed; None where it cannot redo steps
     (the same on every rank)."""
     if state.of(tnt_model).size < 2 or not possible(tnt_model.model, ds):
         return None
     if val_ds is not None and not hasattr(val_ds, "last_index"):
         return None  # a validation dataset of another kind cannot be dealt over fewer ranks
-    redo = StepRedo(tnt_model, ds, val_ds, class_weight)
+    redo = StepRedo(tnt_model, ds, val_ds, class_weight, epoch_start, resume)
     redo.install()
     return redo

@@ -10,9 +10,10 @@ the end of epoch EPOCH, after its validation), "validation" (before validation b
 EPOCH), "evaluate" (before batch BATCH of the evaluate after the fit) and "predict" (before batch
 BATCH of the predict after that); or MEMBER@step:K:F, killed
 F times the length of its last step after its K-th training batch began (redone ones counted too),
-wherever it is then. "epochs=N" trains N epochs (default 4). "wait@EPOCH": every rank
-waits at the start of epoch EPOCH until a replacement rank (tnt-launch --elastic MIN:MAX) has asked
-the job's store to join, so that it joins the fit then. Every rank that is left writes its report."""
+wherever it is then. "epochs=N" trains N epochs (default 4). "wait@EPOCH[:BATCH]": every rank
+waits at the start of epoch EPOCH (or of its training batch BATCH) until a replacement rank
+(tnt-launch --elastic MIN:MAX) has asked the job's store to join, so that it joins the fit there.
+Every rank that is left writes its report."""
 
 import _quick_start  # noqa: F401, I001  (first: the collector waits out the imports)
 import os
@@ -40,7 +41,8 @@ kills, wait_at = [], None
 for arg in [a for a in sys.argv[1:] if "@" in a]:
     member, rest = arg.split("@")
     if member == "wait":
-        wait_at = int(rest)
+        epoch, _, batch = rest.partition(":")
+        wait_at = (int(epoch), int(batch or 0))
         continue
     epoch, where, *batch = rest.split(":")
     if epoch == "step":
@@ -92,21 +94,27 @@ class Killer(keras.callbacks.Callback):
         if tnt_comm.membership()[0] != 0 or not self.armed:
             return
         for who, epoch, at, at_batch in kills:
-            if who == member and at == where and at_batch == batch and (where in ("evaluate", "predict") or epoch == self.epoch):
+            after_fit = where in ("evaluate", "predict")
+            if who == member and at == where and at_batch == batch and (after_fit or epoch == self.epoch):
                 os.kill(os.getpid(), signal.SIGKILL)
             if who == member and at == "stop" and where == "batch" and at_batch == batch and epoch == self.epoch:
                 os.kill(os.getpid(), signal.SIGSTOP)
 
-    def on_epoch_begin(self, epoch, logs=None):
-        self.epoch = epoch
-        if epoch == wait_at and "TNT_JOIN" not in os.environ:
+    def _wait_for_a_replacement(self, epoch, batch):
+        if (epoch, batch) == wait_at and "TNT_JOIN" not in os.environ and tnt_comm.size() < 4:
             deadline = time.monotonic() + 120
             while not replacement_waits() and time.monotonic() < deadline:
                 time.sleep(0.05)
 
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+        self._wait_for_a_replacement(epoch, 0)
+
     def on_train_batch_begin(self, batch, logs=None):
         self.batch, self.training = batch, True
         self._maybe("batch", batch)
+        if batch > 0:
+            self._wait_for_a_replacement(self.epoch, batch)
         now = time.monotonic()
         if self.last_began is not None:
             self.step_seconds = now - self.last_began

@@ -322,7 +322,7 @@ class Supervisor:
                contract.STDOUT_TTY: run.spec.env.get(contract.STDOUT_TTY, "false")}
         self.pending.append(dataclasses.replace(place, rank=member, env=env))
         self._say(f"starting rank {member} on host {place.host}{why} in place of rank {run.spec.rank} "
-                  f"(replacement {started + 1} of at most {config.max_restarts}); it joins at the next epoch")
+                  f"(replacement {started + 1} of at most {config.max_restarts}); it joins when the job next admits replacements")
 
     def _host_gone(self, run: RankRun) -> bool:
         """Whether `run`'s host cannot take a replacement: its agents stopped answering, or `run`'s
