@@ -17,6 +17,10 @@ survivor puts its small state back, takes the step's global batch dealt over the
 the step again. Either way each global batch enters the fit once, so it still equals serial
 training. Failures outside a train step (in validation, at an epoch's end, in a callback's
 collective), and fits this cannot redo, go back to the epoch's start instead (``elastic.py``).
+
+Every ``TNT_ELASTIC_ADMIT_STEPS`` steps the ranks also admit replacements that wait (``Grown``):
+the fit then begins the epoch again with them, passes over the steps done (``Resume``: no
+collective, their logs from the global metric states, which rank 0 hands on) and goes on.
 """
 
 from __future__ import annotations
