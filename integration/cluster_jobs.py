@@ -30,9 +30,12 @@ def transport_args(transport: str) -> tuple[str, ...]:
     return ("--transport", transport)
 
 
-def launch_argv(c: Cluster, hosts: int, tmp_path: Path, *args: str) -> list[str]:
+def launch_argv(c: Cluster, hosts: int, tmp_path: Path, *args: str, spares: int = 0) -> list[str]:
+    """tnt-launch on host 0 over the first ``hosts`` hosts, then ``spares`` spare hosts (for an
+    elastic job's replacements), each with PER_HOST slots, and ``args``."""
     hostfile = tmp_path / "hostfile"
-    hostfile.write_text("".join(f"{c.address(i)} slots={PER_HOST}\n" for i in range(hosts)))
+    lines = [f"{c.address(i)} slots={PER_HOST}" + (" spare" if i >= hosts else "") for i in range(hosts + spares)]
+    hostfile.write_text("".join(line + "\n" for line in lines))
     launch = [sys.executable, "-m", "tnt_launch", "--hostfile", str(hostfile), "--ssh-port", "22", "--no-gpu"]
     return c.command(0, [*launch, *args])
 

@@ -9,7 +9,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,15 +43,15 @@ while True:
 
 @contextlib.contextmanager
 def loop_job(
-    cluster: Cluster, tmp_path: Path, *args: str, code: str = LOOP
+    cluster: Cluster, tmp_path: Path, *args: str, code: str = LOOP, hosts: int = HOSTS, spares: int = 0
 ) -> Iterator[tuple[subprocess.Popen[str], Path]]:
-    """A job of 3 hosts x 2 ranks running ``code`` (allreduce in a loop), once it runs: ``code``
-    creates the file named by its first argument. Whatever of it is left when the test ends (a
-    failed test) is killed: the launcher and the ranks on every host."""
+    """A job of ``hosts`` hosts x 2 ranks (and ``spares`` spare hosts) running ``code`` (allreduce in a
+    loop), once it runs: ``code`` creates the file named by its first argument. Whatever of it is left
+    when the test ends (a failed test) is killed: the launcher and the ranks on every host."""
     script = tmp_path / "loop.py"
     script.write_text(code)
     started = tmp_path / "started"
-    argv = launch_argv(cluster, HOSTS, tmp_path, *args, "--", str(script), str(started))
+    argv = launch_argv(cluster, hosts, tmp_path, *args, "--", str(script), str(started), spares=spares)
     proc = subprocess.Popen(argv, env=env(cluster), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
@@ -208,23 +207,8 @@ def test_replacements_for_a_cut_host_start_on_a_spare_host(cluster: Cluster, tmp
     its link; the ranks on host 0 go on without ranks 2 and 3, tnt-launch drops them once their agents
     do not answer, starts their replacements on the spare host, and all four finish, checked exactly."""
     shm_before = tnt_shm(cluster)
-    script = tmp_path / "spare.py"
-    script.write_text(SPARE_LOOP)
-    started = tmp_path / "started"
-    hostfile = tmp_path / "hostfile"
-    lines = [f"{cluster.address(0)} slots=2", f"{cluster.address(1)} slots=2", f"{cluster.address(2)} slots=2 spare"]
-    hostfile.write_text("".join(line + "\n" for line in lines))
-    launch = [sys.executable, "-m", "tnt_launch", "--hostfile", str(hostfile), "--ssh-port", "22", "--no-gpu",
-              "--elastic", "2:4", "--timeout", "2", "--output-on-all-devices",
-              "--", str(script), str(started)]
-    proc = subprocess.Popen(cluster.command(0, launch), env=env(cluster), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 60
-        while not started.exists():
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "the job did not start"
-            time.sleep(0.1)
+    args = ("--elastic", "2:4", "--timeout", "2", "--output-on-all-devices")
+    with loop_job(cluster, tmp_path, *args, code=SPARE_LOOP, hosts=2, spares=1) as (proc, script):
         try:
             cluster.cut(1)
             out, err = proc.communicate(timeout=180)
@@ -242,14 +226,7 @@ def test_replacements_for_a_cut_host_start_on_a_spare_host(cluster: Cluster, tmp
             assert members[:2] == [0, 1] and sorted(members) == [0, 1, 4, 5] and generation >= 2, line
         assert sorted(json.loads(line)[2] for line in results) == ["0", "1", "2", "3"]
         assert re.search(r"finished on 4 rank\(s\); .*joined: rank [45], rank [45]", err), err[-3000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-        for p in job_processes(str(script)):
-            with contextlib.suppress(psutil.Error):
-                p.kill()
-    assert_gone(cluster, str(script), shm_before, within=30)
+        assert_gone(cluster, str(script), shm_before, within=30)
 
 
 ELASTIC_FIT = r"""

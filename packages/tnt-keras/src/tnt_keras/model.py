@@ -468,7 +468,7 @@ class Model(keras.Model):
         epoch_start = elastic.EpochStart(lambda: shared_variables.model_and_optimizer_variables(self._model))
         done = elastic.Epochs()
         first, step = elastic.joined_at(initial_epoch)
-        resume = step_redo.Resume(step, None, steps_per_epoch)
+        resume = step_redo.Resume(step)
         resuming = False
         while True:
             ds, val_ds = datasets()
@@ -476,8 +476,8 @@ class Model(keras.Model):
                 ds.start_at(first - initial_epoch)  # the epoch redone (or joined) keeps the order it had
             before = getattr(self._model, "history", None)
             epoch_start.resume = (first, resume.step)
-            redo = step_redo.attach(self, ds, val_ds, class_weight, epoch_start, resume)
-            resume = step_redo.Resume(0, None, steps_per_epoch)
+            redo = step_redo.attach(self, ds, val_ds, class_weight, epoch_start, resume, steps_per_epoch)
+            resume = step_redo.Resume()
             try:
                 return done.into(run(ds, val_ds, first, resuming, [epoch_start]))
             except (elastic.Reformed, *elastic.FAILURES) as e:
@@ -486,7 +486,7 @@ class Model(keras.Model):
             except elastic.Grown as e:
                 attempt = getattr(self._model, "history", None)
                 first, step = elastic.grown(self, e.epoch, e.step, state.of(self).size)
-                resume = step_redo.Resume(step, redo.sums if redo is not None else None, steps_per_epoch)
+                resume = step_redo.Resume(step, redo.sums if redo is not None else None)
             finally:
                 if redo is not None:
                     redo.uninstall()

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import keras
@@ -88,13 +89,13 @@ class StepRedo:
 
     def __init__(
         self, tnt_model: keras.Model, ds: Any, val_ds: Any, class_weight: Any, epoch_start: elastic.EpochStart,
-        resume: Resume,
+        resume: Resume, admit_every: int,
     ) -> None:
         self.tnt_model, self.model, self.class_weight = tnt_model, tnt_model.model, class_weight
         self.ds, self.val_ds, self.epoch_start = ds, val_ds, epoch_start
         self.done = 0  # train steps this attempt finished here (or passed over, going on mid-epoch)
         self.skip, self.share_sums = resume.step, resume.step > 0
-        self.admit_every = resume.admit_every
+        self.admit_every = admit_every  # replacements are admitted every this many steps (0: never)
         self.sums: list[Any] | None = None  # the global metric states after them (None: not known)
         self.carried = resume.sums  # those of the attempt before, where this one goes on mid-epoch
         self.pending: dict[int, Any] = {}
@@ -133,7 +134,7 @@ class StepRedo:
             self.pending.update(zip(map(id, variables), summed, strict=True))
 
     def _run(self, original: Callable[[Any], Any], data: Any) -> Any:
-        if self.done == 0 and not self.in_step:
+        if self.done == 0:
             self._collect()
         if self.reset:
             self.sums, self.reset = [keras.ops.zeros_like(v.value) for v in self.metric_variables], False
@@ -225,18 +226,18 @@ class StepRedo:
         return [keras.tree.map_structure(keras.ops.convert_to_tensor, batch, none_is_leaf=False)]
 
 
+@dataclass(frozen=True)
 class Resume:
     """Where an attempt of an elastic fit goes on: the step of its first epoch (0: the start) and the
-    global metric states there (rank 0's count), and how often it admits replacements mid-epoch."""
+    global metric states there (rank 0's count)."""
 
-    def __init__(self, step: int = 0, sums: list[Any] | None = None, steps_per_epoch: int | None = None) -> None:
-        self.step, self.sums = step, sums
-        # Steps are counted within an epoch where Keras starts every epoch's batches anew.
-        self.admit_every = int(os.environ.get(ADMIT_STEPS, "100") or 0) if steps_per_epoch is None else 0
+    step: int = 0
+    sums: list[Any] | None = None
 
 
 def attach(
-    tnt_model: keras.Model, ds: Any, val_ds: Any, class_weight: Any, epoch_start: elastic.EpochStart, resume: Resume
+    tnt_model: keras.Model, ds: Any, val_ds: Any, class_weight: Any, epoch_start: elastic.EpochStart, resume: Resume,
+    steps_per_epoch: int | None,
 ) -> StepRedo | None:
     """The step redo of one attempt of an elastic fit, installed; None where it cannot redo steps
     (the same on every rank)."""
@@ -244,6 +245,8 @@ def attach(
         return None
     if val_ds is not None and not hasattr(val_ds, "last_index"):
         return None  # a validation dataset of another kind cannot be dealt over fewer ranks
-    redo = StepRedo(tnt_model, ds, val_ds, class_weight, epoch_start, resume)
+    # Steps are counted within an epoch where Keras starts every epoch's batches anew.
+    admit_every = int(os.environ.get(ADMIT_STEPS, "100") or 0) if steps_per_epoch is None else 0
+    redo = StepRedo(tnt_model, ds, val_ds, class_weight, epoch_start, resume, admit_every)
     redo.install()
     return redo
