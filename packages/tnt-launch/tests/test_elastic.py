@@ -119,3 +119,37 @@ def test_the_store_serves_its_job_and_nobody_else() -> None:
             s.close()
     finally:
         store.close()
+
+
+def test_a_replacement_admitted_later_in_a_batch_of_decisions_is_not_left_out() -> None:
+    """The sequence a loaded run of two replacements had (integration, spare host): generation 1 drops
+    ranks 2 and 3; replacement 5 is admitted alone (generation 2), replacement 4 next (generation 3),
+    both decisions read in one batch. Rank 4 is no more left out of generation 2 than it was a member
+    of it; a later generation without it does leave it out."""
+    from tnt_launch.store import ElasticStore
+    from tnt_launch.supervise import left_out_of
+
+    store = ElasticStore("127.0.0.1", 0, "secret", "job1")
+    try:
+        client = _connect(store.port)
+        client.sendall(b"TNT1" + struct.pack("<I", 6) + b"secret")
+        assert client.recv(1) == b"K"
+        steps = [(b"g0/next", b"0:0,1:0"), (b"g1/next", b"0:0,1:0,5:2"), (b"admitted/5", b"2"),
+                 (b"g2/next", b"0:0,1:0,5:2,4:2"), (b"admitted/4", b"3")]
+        for name, value in steps:
+            _request(client, b"C" if name.endswith(b"/next") else b"S", b"job1/elastic/" + name, value)
+        deadline = time.monotonic() + 5
+        decisions: list[tuple[int, list[int]]] = []
+        while len(decisions) < 3:
+            assert time.monotonic() < deadline, decisions
+            decisions += store.take_decisions()
+            time.sleep(0.01)
+        assert decisions == [(1, [0, 1]), (2, [0, 1, 5]), (3, [0, 1, 5, 4])]
+        joiners = {4: store.admitted_in(4), 5: store.admitted_in(5), 6: store.admitted_in(6)}
+        assert joiners == {4: 3, 5: 2, 6: None}
+        running = [0, 1, 2, 3, 4, 5, 6]
+        assert [left_out_of(g, members, running, joiners) for g, members in decisions] == [[2, 3]] * 3
+        assert left_out_of(4, [0, 1, 5], running, joiners) == [2, 3, 4]  # replacement 4 lost later
+        client.close()
+    finally:
+        store.close()

@@ -68,9 +68,11 @@ class ElasticStore:
             self._marks.append(((self._prefix + f"lost/{rank}").encode(), why.encode()[:4096]))
         os.write(self._wake_w, b"m")
 
-    def admitted(self, member: int) -> bool:
-        """Whether the job admitted the replacement that joins as `member` (tnt_comm.admit)."""
-        return (self._prefix + f"admitted/{member}").encode() in self._data
+    def admitted_in(self, member: int) -> int | None:
+        """The generation that admitted the replacement joining as `member` (tnt_comm.admit), None
+        while it waits."""
+        value = self._data.get((self._prefix + f"admitted/{member}").encode())
+        return None if value is None else int(value)
 
     def take_decisions(self) -> list[tuple[int, list[int]]]:
         """The generations the survivors agreed on since the last call: (generation, the member ids,

@@ -61,6 +61,19 @@ LEFT_OUT_S = 2.0
 _ranks = blame.ranks_text
 
 
+def left_out_of(generation: int, members: list[int], ranks: list[int], joiners: Mapping[int, int | None]) -> list[int]:
+    """Those of `ranks` that `generation` re-formed the job without. A replacement (a key of `joiners`,
+    which maps it to the generation that admitted it, None while it waits) counts only from its
+    admission on: decisions are read in batches, and one that came before its admission is no sign
+    that it was left out."""
+    out = []
+    for rank in ranks:
+        if rank in joiners and (joiners[rank] is None or joiners[rank] > generation):
+            continue
+        if rank not in members:
+            out.append(rank)
+    return out
+
 class Supervisor:
     """Starts the ranks of `plan` with `starters` (by each spec's way) and watches them until
     the job has ended."""
@@ -346,13 +359,12 @@ class Supervisor:
         if self.store is None:
             return
         self._stop_unneeded_joiners()
-        for generation, members in self.store.take_decisions():
-            waiting = self._waiting_to_join()
-            for run in self.runs:
-                if run in waiting:
-                    continue  # not a member of any generation yet
-                if run.running and run.spec.rank not in members and run.spec.rank not in self.left_out:
-                    self.left_out[run.spec.rank] = (now, generation, members)
+        store = self.store
+        for generation, members in store.take_decisions():
+            running = [r.spec.rank for r in self.runs if r.running and r.spec.rank not in self.left_out]
+            admitted = {r.spec.rank: store.admitted_in(r.spec.rank) for r in self.joining}
+            for rank in left_out_of(generation, members, running, admitted):
+                self.left_out[rank] = (now, generation, members)
         for run in self.runs:
             left = self.left_out.get(run.spec.rank)
             if left is None or not run.running:
@@ -376,7 +388,7 @@ class Supervisor:
     def _waiting_to_join(self) -> list[RankRun]:
         """Replacements that run but that the job has not admitted yet."""
         store = self.store
-        return [r for r in self.joining if r.running and store is not None and not store.admitted(r.spec.rank)]
+        return [r for r in self.joining if r.running and store is not None and store.admitted_in(r.spec.rank) is None]
 
     def _stop_unneeded_joiners(self) -> None:
         """A replacement that still waits to be admitted when every member has ended will never be:
