@@ -14,6 +14,10 @@
 namespace tnt {
 namespace {
 
+// Beyond a stall timeout, what the agreement gives a member vouched for to arrive: the probe that
+// follows its own timeout (at most 2 s) and a loaded machine's delay.
+constexpr double kLateSurvivorS = 3.0;
+
 // Store keys (under "<job_base>/elastic/"): "lost/<id>" for life, the rest per generation.
 std::string key(const std::string& job_base, const std::string& rest) { return job_base + "/elastic/" + rest; }
 std::string gen_key(const std::string& job_base, int generation, const std::string& rest) {
@@ -46,54 +50,83 @@ StoreClient connect(const Identity& identity) {
   return StoreClient(identity.master_addr, identity.master_port, identity.token, deadline_after(10));
 }
 
-// What a survivor says at the store: "<node>;<id>,<id>": its host, and the members it saw fail.
+// What a survivor says at the store: "<node>;<id>,<id>;<id>,<id>": its host, the members it saw
+// fail, and the members it vouches for (they answered its probe from the call it timed out in).
 struct Said {
   int node = 0;
-  std::set<int> accused;
+  std::set<int> accused, vouched;
 };
+
+std::set<int> parse_ids(const std::string& text) {
+  std::set<int> ids;
+  std::istringstream in(text);
+  std::string id;
+  while (std::getline(in, id, ',')) {
+    if (!id.empty()) ids.insert(std::stoi(id));
+  }
+  return ids;
+}
 
 Said parse_said(const std::string& text) {
   Said said;
   const std::size_t semi = text.find(';');
   said.node = std::stoi(text.substr(0, semi));
-  std::istringstream in(semi == std::string::npos ? std::string() : text.substr(semi + 1));
-  std::string id;
-  while (std::getline(in, id, ',')) {
-    if (!id.empty()) said.accused.insert(std::stoi(id));
-  }
+  if (semi == std::string::npos) return said;
+  const std::size_t second = text.find(';', semi + 1);
+  said.accused = parse_ids(text.substr(semi + 1, second == std::string::npos ? std::string::npos : second - semi - 1));
+  if (second != std::string::npos) said.vouched = parse_ids(text.substr(second + 1));
   return said;
+}
+
+// "<id>,<id>," for the ranks of `now` among `ranks`, leaving out `self` and ranks out of range.
+std::string ids_of(const std::vector<int>& ranks, const Generation& now, int self) {
+  std::string out;
+  for (int r : ranks) {
+    if (r == self || r < 0 || r >= static_cast<int>(now.ids.size())) continue;
+    out += std::to_string(now.ids[static_cast<std::size_t>(r)]) + ",";
+  }
+  return out;
 }
 
 }  // namespace
 
 Generation agree_on_survivors(const Identity& identity, const std::string& job_base, const Generation& now,
-                              const std::vector<int>& lost_ranks, Deadline deadline) {
+                              const std::vector<int>& lost_ranks, const std::vector<int>& answered_ranks,
+                              Deadline deadline) {
   const int me = now.ids[static_cast<std::size_t>(identity.rank)];
   StoreClient store = connect(identity);
   const std::string next_key = gen_key(job_base, now.generation, "next");
-  std::string said = std::to_string(identity.node_rank) + ";";
-  for (int r : lost_ranks) {
-    if (r == identity.rank || r < 0 || r >= static_cast<int>(now.ids.size())) continue;
-    said += std::to_string(now.ids[static_cast<std::size_t>(r)]) + ",";
-  }
+  const std::string said = std::to_string(identity.node_rank) + ";" + ids_of(lost_ranks, now, identity.rank) +
+                           ";" + ids_of(answered_ranks, now, identity.rank);
   store.set(gen_key(job_base, now.generation, "alive/" + std::to_string(me)), said);
+  // A member vouched for is alive but may come a stall timeout later (a slow handler before
+  // shrink, a starved process): past `deadline`, the agreement waits that long more for it.
+  const Deadline vouched_deadline =
+      deadline == Deadline::max() ? deadline : deadline_after(identity.timeout_s + kLateSurvivorS, deadline);
 
   std::optional<std::string> decided;
   while (!(decided = store.try_get(next_key))) {
     // Who said what: members alive (with what they accuse), and members whose process ended.
     std::map<int, Said> alive;
-    std::set<int> ended, accused;
+    std::set<int> ended, accused, vouched;
     for (int id : now.ids) {
       if (store.try_get(key(job_base, "lost/" + std::to_string(id)))) ended.insert(id);
       if (auto text = store.try_get(gen_key(job_base, now.generation, "alive/" + std::to_string(id)))) {
         alive[id] = parse_said(*text);
         accused.insert(alive[id].accused.begin(), alive[id].accused.end());
+        vouched.insert(alive[id].vouched.begin(), alive[id].vouched.end());
       }
     }
-    // Settled once every member said it is alive, ended, or was seen failing by a member alive.
-    bool settled = true;
-    for (int id : now.ids) settled = settled && (alive.count(id) || ended.count(id) || accused.count(id));
-    if (settled || Clock::now() >= deadline) {
+    // Settled once every member said it is alive, ended, or was seen failing by a member alive and
+    // vouched for by none; at the deadline, unless a member vouched for has not come yet.
+    bool settled = true, awaited = false;
+    for (int id : now.ids) {
+      const bool heard = alive.count(id) || ended.count(id);
+      settled = settled && (heard || (accused.count(id) && !vouched.count(id)));
+      awaited = awaited || (!heard && vouched.count(id));
+    }
+    const Clock::time_point t = Clock::now();
+    if (settled || (t >= deadline && (!awaited || t >= vouched_deadline))) {
       // In rank order, each member alive whose process did not end, unless it and a member taken
       // before accuse each other: two sides that lost each other (a cut link) do not both go on,
       // and the side of the lowest rank does.

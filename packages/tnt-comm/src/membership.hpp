@@ -21,16 +21,19 @@ struct Generation {
 
 // The survivors' agreement on the next generation, at the store of `identity` under the keys of
 // the job `job_base` (generation 0's TNT_JOB_ID):
-//  - each survivor says it is alive (with its node) and which members it saw fail (`lost_ranks`,
-//    ranks of `now`); the launcher marks every member whose process ended;
-//  - once every member of `now` is alive, ended or seen failing by a member alive, or at
-//    `deadline`, any survivor proposes, in rank order, the members alive whose process did not
+//  - each survivor says it is alive (with its node), which members it saw fail (`lost_ranks`,
+//    ranks of `now`) and which it vouches for (`answered_ranks`: alive, held up in the call it
+//    timed out in); the launcher marks every member whose process ended;
+//  - once every member of `now` is alive, ended or seen failing by a member alive (and vouched for
+//    by none), or at `deadline` (a stall timeout and 3 s later where a member vouched for has not
+//    come), any survivor proposes, in rank order, the members alive whose process did not
 //    end, leaving out one that a member taken before accuses or is accused by (of two sides that
 //    lost each other, the side of the lowest rank goes on); the store keeps the first proposal
 //    (a claim), so every survivor gets the same answer, also one that saw less.
 // Returns the next generation; it may leave this rank out (a rank that was taken for lost).
 Generation agree_on_survivors(const Identity& identity, const std::string& job_base, const Generation& now,
-                           const std::vector<int>& lost_ranks, Deadline deadline);
+                           const std::vector<int>& lost_ranks, const std::vector<int>& answered_ranks,
+                           Deadline deadline);
 
 // A replacement process (`id`, on `node`) asks to join the elastic job and waits, without a limit
 // (its launcher ends it with the job), until a generation admits it; returns that generation.

@@ -153,12 +153,13 @@ Runtime& Runtime::shrink() {
   const std::string job_base = g_runtime->job_base_;
   const int me = now.ids[static_cast<std::size_t>(identity.rank)];
   std::vector<int> lost = fabric.failure_detail().ranks;
+  std::vector<int> answered = fabric.failure_detail().answered;
   // The old generation goes first: its links, segments and threads (groups hold it weakly).
   g_runtime.reset();
   const Deadline deadline = deadline_after(identity.timeout_s);
   Identity mine = identity;
   for (int attempt = 0;; ++attempt) {
-    const Generation next = agree_on_survivors(mine, job_base, now, lost, deadline);
+    const Generation next = agree_on_survivors(mine, job_base, now, lost, answered, deadline);
     const bool kept = std::find(next.ids.begin(), next.ids.end(), me) != next.ids.end();
     if (kept && static_cast<int>(next.ids.size()) < identity.elastic_min) {
       ErrorDetail detail;
@@ -176,6 +177,7 @@ Runtime& Runtime::shrink() {
       if (!kept || e.detail().ranks.empty() || attempt >= identity.size) throw;
       now = next;
       lost = e.detail().ranks;
+      answered.clear();
       mine = identity_in(identity, job_base, next, me);
     }
   }

@@ -247,6 +247,56 @@ def test_a_stopped_rank_is_lost_after_the_timeout_and_refused_when_it_wakes(tmp_
     assert not job.shm_leftovers()
 
 
+# Member 2 stops (SIGSTOP). Member 1 waits on member 0, which waits on member 2: member 1 times out
+# first, and its probe finds member 0 alive in its call. Member 0 learns of the failure from member 1
+# and spends longer than the timeout (SLOW_S) before it calls shrink, as a handler that saves a
+# checkpoint would.
+SLOW_HANDLER = """
+import json, os, signal, time, numpy as np, tnt_comm as tc
+
+SLOW_S = 3.5
+tc.allreduce(np.ones(4, np.float32))  # every link up before the stop
+failure = None
+try:
+    if tc.rank() == 2:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    elif tc.rank() == 0:
+        time.sleep(1.0)  # member 1 starts waiting first, so its timeout comes first
+        tc.recv(np.zeros(4, np.float32), src=2)
+    else:
+        tc.recv(np.zeros(4, np.float32), src=0)
+except (tc.PeerFailure, tc.Timeout) as e:
+    failure = type(e).__name__
+    if tc.rank() == 0:
+        time.sleep(SLOW_S)
+    tc.shrink()
+got = tc.allreduce(np.full(4, tc.rank() + 1, np.float32))
+assert np.all(got == tc.size() * (tc.size() + 1) / 2), got
+print("RESULT", json.dumps({"members": tc.membership()[1], "failure": failure}), flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_survivor_vouched_for_is_waited_for_beyond_the_timeout(tmp_path: Path) -> None:
+    # With a 2 s timeout, member 0 reaches the agreement more than 2 s after member 1: it is kept
+    # because member 1 vouched for it (without that, member 1 would go on alone, below MIN 2).
+    token = secrets.token_hex(16)
+    store, port = start_store(token)
+    env = {"TNT_ELASTIC": "2", "TNT_MASTER_PORT": str(port), "TNT_JOB_TOKEN": token, "TNT_TIMEOUT_S": "2"}
+    job = Job(3, SLOW_HANDLER, tmp_path, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        for member in (0, 1):
+            out, err = job.procs[member].communicate(timeout=max(1, deadline - time.monotonic()))
+            assert job.procs[member].returncode == 0, err[-3000:]
+            o = results_of(out)
+            assert o["members"] == [0, 1] and o["failure"] in ("Timeout", "PeerFailure"), o
+    finally:
+        job.kill()
+        stop_store(store)
+    assert not job.shm_leftovers()
+
+
 @pytest.mark.timeout(120)
 def test_a_replacement_joins_the_survivors(tmp_path: Path) -> None:
     # Member 2 is killed at call 5; the survivors re-form, and a new process (TNT_JOIN=4, as tnt-launch

@@ -47,6 +47,9 @@ struct ErrorDetail {
   // A peer's failure: what the blamed rank said it failed with as it left ("ValueError: ..."); empty
   // where it said nothing (it was killed, or left without an error of its own).
   std::string peer_error;
+  // A timeout: the ranks it waited for that answered its probe and were not to blame (in the same
+  // call): alive, and held up like this rank. An elastic job's survivors wait for them (shrink).
+  std::vector<int> answered;
 };
 
 // Base of every error the library raises.

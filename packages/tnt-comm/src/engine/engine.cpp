@@ -271,7 +271,7 @@ void Engine::fail_stalled(const Operation& stuck) {
     answers = fabric_.probe(waiting, desc.group, desc.kind == Kind::p2p ? 0 : desc.seq, ask_s);
   }
   std::string culprits, reasons;
-  std::vector<int> blamed;
+  std::vector<int> blamed, answered;
   for (std::size_t i = 0; i < waiting.size(); ++i) {
     const std::string who = "rank " + std::to_string(waiting[i]);
     std::string why;
@@ -281,6 +281,7 @@ void Engine::fail_stalled(const Operation& stuck) {
     } else if (answers[i]->rfind("behind", 0) == 0 && desc.kind != Kind::p2p) {
       why = who + " has not made this call: it is elsewhere in its program, " + answers[i]->substr(8);
     } else {
+      answered.push_back(waiting[i]);
       continue;
     }
     blamed.push_back(waiting[i]);
@@ -295,7 +296,9 @@ void Engine::fail_stalled(const Operation& stuck) {
     message += "; every rank it waits for has made this call";
   }
   message += "; waiting for " + stuck.waiting_for() + " (TNT_TIMEOUT_S sets this limit)";
-  fabric_.fail(FailureKind::timeout, desc.detail(std::move(blamed)), message, true);
+  ErrorDetail detail = desc.detail(std::move(blamed));
+  detail.answered = std::move(answered);
+  fabric_.fail(FailureKind::timeout, std::move(detail), message, true);
 }
 
 bool Engine::wait(Operation& op, std::optional<double> timeout_s) {
