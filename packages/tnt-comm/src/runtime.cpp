@@ -152,8 +152,8 @@ Runtime& Runtime::shrink() {
   Generation now{g_runtime->generation_, g_runtime->members_, g_runtime->member_nodes()};
   const std::string job_base = g_runtime->job_base_;
   const int me = now.ids[static_cast<std::size_t>(identity.rank)];
-  std::vector<int> lost = fabric.failure_detail().ranks;
-  std::vector<int> answered = fabric.failure_detail().answered;
+  const ErrorDetail failure = fabric.failure_detail();
+  std::vector<int> lost = failure.ranks, answered = failure.answered;
   // The old generation goes first: its links, segments and threads (groups hold it weakly).
   g_runtime.reset();
   const Deadline deadline = deadline_after(identity.timeout_s);

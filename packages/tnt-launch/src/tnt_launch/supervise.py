@@ -74,6 +74,7 @@ def left_out_of(generation: int, members: list[int], ranks: list[int], joiners: 
             out.append(rank)
     return out
 
+
 class Supervisor:
     """Starts the ranks of `plan` with `starters` (by each spec's way) and watches them until
     the job has ended."""
@@ -360,9 +361,10 @@ class Supervisor:
             return
         self._stop_unneeded_joiners()
         store = self.store
-        for generation, members in store.take_decisions():
+        decisions = store.take_decisions()
+        admitted = {r.spec.rank: store.admitted_in(r.spec.rank) for r in self.joining} if decisions else {}
+        for generation, members in decisions:
             running = [r.spec.rank for r in self.runs if r.running and r.spec.rank not in self.left_out]
-            admitted = {r.spec.rank: store.admitted_in(r.spec.rank) for r in self.joining}
             for rank in left_out_of(generation, members, running, admitted):
                 self.left_out[rank] = (now, generation, members)
         for run in self.runs:
