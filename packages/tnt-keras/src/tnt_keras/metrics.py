@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import keras
@@ -21,14 +21,12 @@ from . import backends, state
 
 class _Reducing(threading.local):
     active = False
+    kept: StepSums | None = None  # where the train step running keeps its sums (StepSums.keeping)
 
 
 _reducing = _Reducing()
 _global_metrics = state.Marked()  # metrics whose result() is global already
 
-sums_observer: Callable[[Sequence[Any], Sequence[Any]], None] | None = None
-"""Told each sum of metric states (variables, their sums): an elastic fit that redoes lost steps
-keeps its train steps' (``step_redo.py``)."""
 
 
 @contextlib.contextmanager
@@ -38,8 +36,8 @@ def _summed(variables: Sequence[Any]) -> Iterator[None]:
         yield
         return
     summed = backends.current().summed_values(variables)  # an empty slice adds nothing from its step
-    if sums_observer is not None:
-        sums_observer(variables, summed)
+    if _reducing.kept is not None:
+        _reducing.kept.keep(variables, summed)
     _reducing.active = True
     try:
         with StatelessScope(state_mapping=list(zip(variables, summed, strict=True))):
@@ -59,6 +57,66 @@ def local() -> Iterator[None]:
         yield
     finally:
         _reducing.active = before
+
+
+class StepSums:
+    """The global metric states of the last train step that completed on this rank, for an elastic
+    fit that redoes lost steps (``step_redo.py``): the lost rank's share is in them.
+
+    The step itself assigns them to variables of their own as its sum completes, so a traced step
+    (TensorFlow) keeps them too; the sum is the step's last collective, so a step that fails assigns
+    none. ``prepare`` makes those variables beforehand, outside any trace.
+    """
+
+    def __init__(self) -> None:
+        self.copies: dict[int, tuple[Any, Any]] = {}  # id(metric variable) -> (it, its copy)
+        self.covered: set[int] = set()  # the metric variables the step's sum covered (when last run or traced)
+
+    def prepare(self, variables: Sequence[Any]) -> None:
+        for v in variables:
+            if id(v) not in self.copies:
+                copy = keras.Variable(keras.ops.zeros(v.shape, v.dtype), dtype=v.dtype, trainable=False)
+                self.copies[id(v)] = (v, copy)
+
+    @contextlib.contextmanager
+    def keeping(self) -> Iterator[None]:
+        """Within the block (a train step, run or traced), the sums of metric states are kept."""
+        outer, _reducing.kept = _reducing.kept, self
+        self.covered = set()
+        try:
+            yield
+        finally:
+            _reducing.kept = outer
+
+    def keep(self, variables: Sequence[Any], summed: Sequence[Any]) -> None:
+        for v, value in zip(variables, summed, strict=True):
+            found = self.copies.get(id(v))
+            if found is not None:
+                found[1].assign(value)
+                self.covered.add(id(v))
+
+    def values(self, variables: Sequence[Any]) -> list[Any] | None:
+        """The kept sums of ``variables``, or None where the step does not keep all of them."""
+        if not all(id(v) in self.covered for v in variables):
+            return None
+        return [self.copies[id(v)][1].value for v in variables]
+
+
+def keep_step_sums(model: keras.Model) -> tuple[StepSums, bool]:
+    """Makes ``model``'s train step keep its global metric states (idempotent); returns where, and
+    whether the train step changed just now (a train function made before must be made again)."""
+    mine = state.of(model)
+    if mine.step_sums is not None:
+        return mine.step_sums, False
+    sums = mine.step_sums = StepSums()
+    inner = model.train_step
+
+    def train_step(data: Any) -> Any:
+        with sums.keeping():
+            return inner(data)
+
+    model.train_step = train_step
+    return sums, True
 
 
 def _global_result(metric: keras.metrics.Metric) -> None:

@@ -314,6 +314,7 @@ class Model(keras.Model):
             distribute=distribute,
             micro_batch_size=micro_batch_size,
             what=what,
+            redealt=elastic.enabled(),
         )
 
     def _verbose(self, verbose: Any) -> Any:

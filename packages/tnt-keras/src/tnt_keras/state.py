@@ -29,6 +29,8 @@ class ModelState:
     gradient_sum: Any = None
     """The torch backend's gradient sum of it (backends/torch/gradients.py)."""
     update_at_step_end: bool = False
+    step_sums: Any = None
+    """Where its train steps keep their global metric states (metrics.keep_step_sums)."""
     """Its train steps apply their update after their last collective (step_redo.py)."""
 
 

@@ -1,5 +1,5 @@
-"""Redoing the step a rank was lost in, instead of its epoch (an elastic fit on the torch backend,
-of tnt's slices of arrays or a ``PyDataset``, with Keras' own train step).
+"""Redoing the step a rank was lost in, instead of its epoch (an elastic fit on the torch or
+TensorFlow backend, of tnt's slices of arrays or a ``PyDataset``, with Keras' own train step).
 
 A train step changes the model in three places: its forward pass changes the small state (the
 non-trainable variables: moving statistics, dropout seeds; the loss tracker), the optimizer's update
@@ -7,7 +7,8 @@ follows the gradient sum, and the metric states follow the update. The backend h
 until the step's last collective, the sum of the metric states, is done (``update_at_step_end``), so
 a step that fails has changed no weight on any rank, only the small state, which is copied before
 every step (on the device, no host transfer). The global metric states that a step's logs were
-computed from are kept: no survivor needs anything the lost rank held.
+computed from are kept, by the step itself (``metrics.StepSums``: a traced step too): no survivor
+needs anything the lost rank held.
 
 When a collective of the step raises ``PeerFailure`` or ``Timeout``, the survivors re-form the job
 and agree on how far it got. A survivor may have finished the step (its last collective completed
@@ -26,7 +27,7 @@ collective, their logs from the global metric states, which rank 0 hands on) and
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,11 +99,14 @@ class StepRedo:
         self.admit_every = admit_every  # replacements are admitted every this many steps (0: never)
         self.sums: list[Any] | None = None  # the global metric states after them (None: not known)
         self.carried = resume.sums  # those of the attempt before, where this one goes on mid-epoch
-        self.pending: dict[int, Any] = {}
-        self.in_step = False
         self.reset = False  # the metrics were reset since the last step: their global states are 0
         self.metric_variables: list[Any] = []  # known once the fit built the model and its metrics
         self.small: list[Any] = []
+        self.step_sums: metrics.StepSums | None = None
+        # Where Keras hands the step its epoch's iterator (TensorFlow), the batch is drawn here:
+        self.iterator: Any = None  # the epoch's iterator
+        self.drawn = 0  # how many batches of it were drawn
+        self.dealt_here = False  # the job re-formed this epoch: the iterator's next batches are dealt for the old one
 
     def _collect(self) -> None:
         self.metric_variables = [v for m in self.model.metrics for v in m.variables]
@@ -110,12 +114,16 @@ class StepRedo:
         metric_ids = {id(v) for v in self.metric_variables}
         self.small = [v for v in shared_variables.unique_variables(self.model.non_trainable_variables)
                       if id(v) not in metric_ids]
+        assert self.step_sums is not None
+        self.step_sums.prepare(self.metric_variables)  # before the step is traced
 
     def install(self) -> None:
+        self.step_sums, changed = metrics.keep_step_sums(self.model)
+        if changed:  # a train function made before calls the train step as it was
+            self.model.train_function = None
         self.model.make_train_function()
         original = self.model.train_function
         self.model.train_function = lambda data: self._run(original, data)
-        metrics.sums_observer = self._observe
         reset_metrics = self.model.reset_metrics
 
         def reset() -> None:  # each epoch (and its validation) starts the metrics from zero
@@ -125,17 +133,25 @@ class StepRedo:
         self.model.reset_metrics = reset
 
     def uninstall(self) -> None:
-        if metrics.sums_observer == self._observe:
-            metrics.sums_observer = None
         vars(self.model).pop("reset_metrics", None)
 
-    def _observe(self, variables: Sequence[Any], summed: Sequence[Any]) -> None:
-        if self.in_step:
-            self.pending.update(zip(map(id, variables), summed, strict=True))
+    def _batch(self, data: Any) -> tuple[list[Any], int]:
+        """The step's batches, as the train function takes them, and the index of its global batch.
+        Keras-torch hands them over, fetched by index (``ds.last_index``); Keras-TensorFlow hands
+        over the epoch's iterator, whose pipeline reads ahead: the batch is drawn from it here, or
+        where the job re-formed since the epoch began, dealt here for the ranks there are now."""
+        if isinstance(data, list):
+            return data, self.ds.last_index
+        if data is not self.iterator:  # a new epoch
+            self.iterator, self.drawn, self.dealt_here = data, 0, False
+        drawn = next(data)  # StopIteration: the data ran out, which Keras takes as the epoch's end
+        self.drawn += 1
+        return (self._deal(self.drawn - 1) if self.dealt_here else [drawn]), self.drawn - 1
 
     def _run(self, original: Callable[[Any], Any], data: Any) -> Any:
         if self.done == 0:
             self._collect()
+        batches, index = self._batch(data)
         if self.reset:
             self.sums, self.reset = [keras.ops.zeros_like(v.value) for v in self.metric_variables], False
         if self.share_sums:  # going on mid-epoch: the epoch's metric states so far, from rank 0
@@ -146,25 +162,22 @@ class StepRedo:
             self.skip -= 1
             self.done += 1
             return self._logs()
-        if self.admit_every and self.done % self.admit_every == 0 and self.ds.last_index > 0 and self.sums is not None:
+        if self.admit_every and self.done % self.admit_every == 0 and index > 0 and self.sums is not None:
             if tnt_comm.admit():  # replacements wait: the attempt goes on with them from this step
-                raise elastic.Grown(self.epoch_start.epoch or 0, self.ds.last_index)
+                raise elastic.Grown(self.epoch_start.epoch or 0, index)
         while True:
             before = [keras.ops.copy(v.value) for v in self.small]
-            self.pending, self.in_step = {}, True
             try:
-                logs = original(data)
+                with backends.current().explain_errors("fit"):
+                    logs = original(batches)
             except elastic.FAILURES as error:
-                self.in_step = False
                 if self._recover(error, before):
                     return self._logs()  # a survivor had finished this step: it counts as done
-                data = self._deal_again()
+                batches = self._deal(index)
                 continue
-            finally:
-                self.in_step = False
             self.done += 1
-            known = all(id(v) in self.pending for v in self.metric_variables)
-            self.sums = [self.pending[id(v)] for v in self.metric_variables] if known else None
+            assert self.step_sums is not None
+            self.sums = self.step_sums.values(self.metric_variables)
             return logs
 
     def _recover(self, error: BaseException, before: list[Any]) -> bool:
@@ -175,8 +188,10 @@ class StepRedo:
             variable.assign(value)
         elastic.reform(self.tnt_model, error, "agrees on what to redo", retrace=False)
         for dealt in (self.ds, self.val_ds):
-            if hasattr(dealt, "last_index"):  # tnt's slices: the next batches are dealt anew
+            # tnt's slices: the next batches are dealt anew (not those every rank reads whole)
+            if hasattr(dealt, "last_index") and dealt.size > 1:
                 dealt.rank, dealt.size = tnt_comm.rank(), tnt_comm.size()
+        self.dealt_here = self.iterator is not None
         how = agree(True, self.sums is not None or not self.metric_variables, self.done)
         if not how.redo_step:
             raise elastic.Reformed(error) from error
@@ -215,10 +230,10 @@ class StepRedo:
         with metrics.local(), StatelessScope(state_mapping=mapping):
             return self.model.get_metrics_result()
 
-    def _deal_again(self) -> list[Any]:
-        """The batch of the lost step, this rank's slice of it among the ranks left, as Keras hands
-        it to the train function (standardized, class weights added, as tensors)."""
-        batch = self.ds[self.ds.last_index]
+    def _deal(self, index: int) -> list[Any]:
+        """Global batch ``index``, this rank's slice of it among the ranks there are now, as Keras
+        hands it to the train function (standardized, class weights added, as tensors)."""
+        batch = self.ds[index]
         if isinstance(batch, list | np.ndarray):
             batch = tuple(batch) if isinstance(batch, list) else (batch,)
         if self.class_weight is not None and isinstance(batch, tuple) and len(batch) == 2:

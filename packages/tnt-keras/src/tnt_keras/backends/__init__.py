@@ -45,9 +45,13 @@ class Backend(Protocol):
 
     def distribute(
         self, x: Any, y: Any, sample_weight: Any, batch_size: int | None, *, rank: int, size: int, shuffle: bool,
-        distribute: bool, micro_batch_size: int | None, what: str,
+        distribute: bool, micro_batch_size: int | None, what: str, redealt: bool = False,
     ) -> Any:
-        """What this rank hands to Keras: its slice of every global batch (``slicing.py`` states the rule)."""
+        """What this rank hands to Keras: its slice of every global batch (``slicing.py`` states the
+        rule). ``redealt``: an elastic job, whose batches may have to be dealt again over fewer ranks
+        within an epoch (``step_redo.py``): inputs in host memory are then dealt by tnt batch by batch
+        (``host_inputs.py``), as the torch and JAX backends always do, not by a pipeline that reads
+        ahead (TensorFlow's ``tf.data``)."""
         ...
 
     def global_batch_size(self, ds: Any) -> int | None:

@@ -231,6 +231,7 @@ def distribute(
     distribute: bool,
     micro_batch_size: int | None,
     what: str,
+    redealt: bool = False,  # noqa: ARG001 (dealt batch by batch anyway)
     native_datasets: tuple[type, ...] = (),
     native_slices: Callable[[Any, int, int], Any] | None = None,
     native_arrays: tuple[type, ...] = (),

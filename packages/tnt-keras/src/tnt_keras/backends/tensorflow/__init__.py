@@ -1,6 +1,8 @@
 """The TensorFlow backend: tnt-keras' TensorFlow op sums gradients inside the traced train step
 (``gradients.py``, ``ops/``), ``tf.data`` pipelines are sliced per rank inside the graph (``inputs.py``),
-and a step on an empty slice is undone by graph conditionals (``steps.py``)."""
+and a step on an empty slice is undone by graph conditionals (``steps.py``). In an elastic job,
+arrays are dealt batch by batch in host memory instead (``host_inputs.py``), so that a batch can be
+dealt again over the ranks left."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from .. import reraised, without_xla
+from .. import host_inputs, reraised, without_xla
 from . import gradients, inputs, steps
 
 # Where tnt-keras' TensorFlow op puts tnt-comm's error, as data (ops/tnt_ops.cc: kErrorPayload).
@@ -66,7 +68,13 @@ def distribute(
     distribute: bool,
     micro_batch_size: int | None,
     what: str,
-) -> tf.data.Dataset:
+    redealt: bool = False,
+) -> Any:
+    if redealt and _in_host_memory(x, y, sample_weight):
+        return host_inputs.distribute(
+            x, y, sample_weight, batch_size, rank=rank, size=size, shuffle=shuffle, distribute=distribute,
+            micro_batch_size=micro_batch_size, what=what,
+        )
     if isinstance(x, tf.data.Dataset):
         if batch_size is not None:
             raise ValueError(
@@ -88,17 +96,31 @@ def distribute(
     return inputs.prepare(x, rank, size, distribute=distribute, micro_batch_size=micro_batch_size, what=what)
 
 
+def _in_host_memory(*parts: Any) -> bool:
+    """Arrays (numpy, lists, dicts of them) that no TensorFlow tensor is among."""
+    leaves = [leaf for leaf in tf.nest.flatten(parts) if leaf is not None]
+    return bool(leaves) and inputs.is_array_like(parts[0]) and not any(tf.is_tensor(leaf) for leaf in leaves)
+
+
 def global_batch_size(ds: Any) -> int | None:
+    if not isinstance(ds, tf.data.Dataset):
+        return host_inputs.global_batch_size(ds)
     return inputs.static_batch_size(ds._input_dataset) if hasattr(ds, "_input_dataset") else None
 
 
-def build(model: keras.Model, ds: tf.data.Dataset) -> None:
+def build(model: keras.Model, ds: Any) -> None:
+    if not isinstance(ds, tf.data.Dataset):
+        host_inputs.build(model, ds)
+        return
     model._symbolic_build(data_batch=ds.element_spec)
 
 
-def build_for_predict(model: keras.Model, ds: tf.data.Dataset) -> None:
+def build_for_predict(model: keras.Model, ds: Any) -> None:
     """Creates the variables of a model that is not built yet from the dataset's shapes, as Keras'
     ``_symbolic_build`` does, but without compiling or building an optimizer."""
+    if not isinstance(ds, tf.data.Dataset):
+        host_inputs.build_for_predict(model, ds)
+        return
     if all(layer.built for layer in model._flatten_layers()):
         return
     from keras.src import backend as keras_backend
@@ -132,9 +154,7 @@ def jit_compile(asked: Any) -> bool:
     return without_xla(asked)
 
 
-def update_at_step_end(model: keras.Model) -> bool:  # noqa: ARG001
-    """The update is part of the compiled step: not held back here (an elastic fit redoes the epoch)."""
-    return False
+update_at_step_end = gradients.update_at_step_end
 
 
 def forget_collectives(model: keras.Model) -> None:

@@ -35,6 +35,9 @@ class StepState(threading.local):
     local: tf.Tensor | None = None  # this rank's batch size, float32 of shape [1]
     pending: ops.Pending | None = None  # the allreduce of the batch sizes, in flight
     value: tf.Tensor | None = None  # local / global, once the allreduce is finished
+    # The updates held back to the step's end (apply, summed gradients, variables), where they are.
+    held: list[tuple[Any, list[Any], Any]] | None = None
+    updating = False  # a held update runs: an inner optimizer's apply gets sums already
 
     def fraction(self) -> tf.Tensor | None:
         if self.pending is not None:
@@ -189,16 +192,22 @@ def install_gradient_sum(model: keras.Model, size: int) -> None:
             leaves = [t for t in tf.nest.flatten(data) if t is not None]
             state.local = tf.cast(tf.reshape(tf.shape(leaves[0])[0], [1]), tf.float32)
             state.pending, state.value = ops.start_allreduce(state.local), None
+            state.held = [] if model_state.of(model).update_at_step_end else None
             _active.append(state)
             try:
                 logs = original_train_step(data)
                 if state.pending is not None:  # no optimizer step ran: a started collective must still finish
                     with tf.control_dependencies([state.fraction()]):
                         logs = tf.nest.map_structure(tf.identity, logs)
+                if state.held:
+                    # After the step's last collective, the metric sum its logs come from: a step that
+                    # fails in any collective changes no weight (step_redo.py).
+                    with tf.control_dependencies([t for t in tf.nest.flatten(logs) if tf.is_tensor(t)]):
+                        _apply_held(state)
                 return logs
             finally:
                 _active.pop()
-                state.local = state.pending = state.value = None
+                state.local = state.pending = state.value = state.held = None
 
         model.train_step = train_step
         model_state.of(model).step_state = state
@@ -214,10 +223,33 @@ def _sum_before_apply(optimizer: keras.optimizers.Optimizer, state: StepState, s
     original_apply = optimizer.apply
 
     def apply(grads: Sequence[Any], trainable_variables: Any = None) -> Any:
+        if state.updating:  # the held update, reaching a wrapped inner optimizer: summed already
+            return original_apply(grads, trainable_variables)
         fraction = state.fraction()
         if fraction is None:  # apply() outside a train step: equal shares
             fraction = tf.constant(1.0 / size)
-        return original_apply(sum_gradients(list(grads), fraction, threshold), trainable_variables)
+        summed = sum_gradients(list(grads), fraction, threshold)
+        if state.held is not None:  # an elastic fit that redoes lost steps: the update waits
+            state.held.append((original_apply, summed, trainable_variables))
+            return None
+        return original_apply(summed, trainable_variables)
 
     optimizer.apply = apply
     model_state.reduced_optimizers.add(optimizer)
+
+
+def _apply_held(state: StepState) -> None:
+    held, state.held, state.updating = state.held or [], None, True
+    try:
+        for original_apply, summed, variables in held:  # in the order the step asked for them
+            original_apply(summed, variables)
+    finally:
+        state.updating = False
+
+
+def update_at_step_end(model: keras.Model) -> bool:
+    """Holds every train step's optimizer update back until the step's metric sum, its last
+    collective, is done (in the traced step: control dependencies on the logs). Takes effect where
+    the step is traced next."""
+    model_state.of(model).update_at_step_end = True
+    return True
