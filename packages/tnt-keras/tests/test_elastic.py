@@ -18,8 +18,8 @@ pytestmark = pytest.mark.by_backend
 
 # (elastic_job.py's arguments, the ranks whose reports stand: their TNT_RANK, which a replacement
 # takes from the rank it replaces, and --elastic): torch runs all of them; TensorFlow a rank lost
-# after the gradient sum, rank 0's loss and a replacement, JAX (whose jobs cost the most: compiling)
-# a replacement.
+# after the gradient sum, rank 0's loss and a replacement joining mid-epoch, JAX (whose jobs cost
+# the most: compiling) a replacement at an epoch's start.
 SCENARIOS = {
     "step": (["1@1:batch:2"], [0, 2, 3], "2"),
     # Killed after the step's gradient sum: the survivors' updates must not have been applied yet.
@@ -32,14 +32,14 @@ SCENARIOS = {
     "predict": (["3@0:predict:1"], [0, 1, 2], "2"),
     # Rank 2 is lost in epoch 0; tnt-launch starts rank 4 in its place, which joins at epoch 2.
     "replacement": (["2@0:batch:2", "wait@2"], [0, 1, 2, 3], "2:4"),
-    # The same, joining in the middle of epoch 1: replacements are admitted every 6 steps (torch).
+    # The same, joining in the middle of epoch 1: replacements are admitted every 6 steps.
     "replacement-mid-epoch": (["2@0:batch:2", "wait@1:2"], [0, 1, 2, 3], "2:4"),
 }
 EXTRA = {"replacement-mid-epoch": ("-x", "TNT_ELASTIC_ADMIT_STEPS=6")}
 CASES = [("torch", name) for name in SCENARIOS] + [
     ("tensorflow", "after-gradient-sum"),  # the lost step redone, in a traced step
     ("tensorflow", "rank-0-epoch-end"),
-    ("tensorflow", "replacement"),
+    ("tensorflow", "replacement-mid-epoch"),
     ("jax", "replacement"),  # a step's loss, the re-forming and a replacement: the costliest backend once
 ]
 
@@ -98,24 +98,26 @@ def test_fewer_ranks_left_than_elastic_asks_for_ends_the_job() -> None:
     assert not any(result.ranks), "no rank may finish the fit"
 
 
-# Two jobs of three kills each (random ranks, steps and points within the step); set
-# TNT_ELASTIC_SEEDS=a,b,... to run others (a failure names its seed).
+# Three jobs of three kills each (random ranks, steps and points within the step), two on torch and
+# one on TensorFlow; set TNT_ELASTIC_SEEDS=a,b,... to run others (a failure names its seed).
 SEEDS = [int(s) for s in os.environ.get("TNT_ELASTIC_SEEDS", "").split(",") if s] or [
-    random.SystemRandom().randrange(1 << 30) for _ in range(2)
+    random.SystemRandom().randrange(1 << 30) for _ in range(3)
 ]
+RANDOM_BACKENDS = ["torch", "tensorflow", "torch"]
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("trial", range(len(SEEDS)))
 def test_kills_at_random_points_of_an_elastic_fit_leave_it_equal_to_serial_training(trial: int) -> None:
-    seed = SEEDS[trial]
+    seed, backend = SEEDS[trial], RANDOM_BACKENDS[trial % len(RANDOM_BACKENDS)]
+    skip_unless_installed(backend)
     rng = random.Random(seed)
     victims = rng.sample(range(4), 3)
     steps = rng.sample(range(2, 22), 3)  # of the 24 steps of 6 epochs: the last ones are left alone
     args = [f"{v}@step:{k}:{rng.uniform(0.0, 1.5):.3f}" for v, k in zip(victims, steps, strict=True)]
-    result = _launch("elastic_job", 4, ("epochs=6", *args), timeout=280, backend="torch",
+    result = _launch("elastic_job", 4, ("epochs=6", *args), timeout=280, backend=backend,
                      launcher_args=("--elastic", "1", "--timeout", "30"))
-    context = f"seed {seed}: kills {args}\n{result.output[-4000:]}"
+    context = f"seed {seed} on {backend}: kills {args}\n{result.output[-4000:]}"
     assert "finished on 1 rank(s)" in result.output, context
     (survivor,) = [r for r in result.ranks if r]
     assert survivor["epochs"] == survivor["serial_epochs"] == list(range(6)), context
