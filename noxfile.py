@@ -609,7 +609,8 @@ def bench_cluster(session: nox.Session) -> None:
 @nox.session(default=False)
 def bench_elastic(session: nox.Session) -> None:
     """Elastic jobs: recovery time after a killed rank (tnt-comm; a Keras fit with --keras BACKEND),
-    and TNT_ELASTIC's steady-state cost on an allreduce loop. Posargs go to it."""
+    and the steady-state cost of --elastic on an allreduce loop (a Keras fit's steps with
+    --keras-steady BACKEND). Posargs go to it."""
     install_comm(session)
     session.install(str(LAUNCH), f"{KERAS}[cpu]", "-r", str(ROOT / "benchmarks" / "requirements.txt"))
     session.run("python", str(ROOT / "benchmarks" / "elastic.py"), *session.posargs, env={"PYTHONUNBUFFERED": "1"})

@@ -2,10 +2,12 @@
 survivors' first collective in the re-formed job) and the steady-state cost of TNT_ELASTIC on an
 allreduce loop, each against the same job without it, in one run; then, with --keras BACKEND, the
 recovery of a Keras fit under tnt-launch --elastic (from the death to the end of the first training
-step of the re-formed job: re-forming, restoring the epoch's variables, tracing the step again).
+step of the re-formed job: re-forming, restoring the epoch's variables, tracing the step again);
+with --keras-steady BACKEND, a Keras fit's step time while nothing fails, with and without --elastic
+(LeNet-5 on numpy arrays, 2 ranks: the inputs an elastic fit redoes steps of).
 
     python benchmarks/elastic.py [--ranks 4] [--trials 5] [--keras torch tensorflow]
-                                                              (nox -s bench_elastic)
+                                 [--keras-steady tensorflow torch]  (nox -s bench_elastic)
 
 Each trial starts N ranks over shared memory (one host) or TCP (every rank a host of its own) with
 `python -m tnt_comm.store` as the store that outlives them. Rank N-1 kills itself (SIGKILL) after
@@ -150,6 +152,52 @@ def keras_recovery(backend: str, folder: Path) -> float:
     return max(float(Path(f"{out}.{m}").read_text()) for m in range(3)) - death
 
 
+STEADY = r"""
+import json, sys, time
+import numpy as np, keras, tnt_comm, tnt_keras as tnt
+
+out = sys.argv[1]
+x = np.random.RandomState(0).rand(4096, 28, 28, 1).astype("float32")
+y = np.random.RandomState(1).randint(0, 10, 4096)
+keras.utils.set_random_seed(7)
+model = tnt.Model(keras.Sequential([
+    keras.Input((28, 28, 1)), keras.layers.Conv2D(6, 5, activation="relu"), keras.layers.MaxPooling2D(),
+    keras.layers.Conv2D(16, 5, activation="relu"), keras.layers.MaxPooling2D(), keras.layers.Flatten(),
+    keras.layers.Dense(120, activation="relu"), keras.layers.Dense(84, activation="relu"), keras.layers.Dense(10)]))
+model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+
+
+class Clock(keras.callbacks.Callback):
+    epoch, last, steps = 0, None, []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch, self.last = epoch, None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        now = time.perf_counter()
+        if self.epoch > 0 and self.last is not None:  # the first epoch traces and warms up
+            self.steps.append(now - self.last)
+        self.last = now
+
+
+clock = Clock()
+model.fit(x, y, batch_size=256, epochs=4, verbose=0, callbacks=[tnt.callbacks.Callback(clock, aggregate_logs=False)])
+if tnt_comm.rank() == 0:
+    open(out, "w").write(json.dumps(clock.steps))
+"""
+
+
+def keras_steady_state(backend: str, elastic: bool, folder: Path) -> list[float]:
+    """Step times (begin to begin, epochs 2-4) of LeNet-5 on numpy arrays, 2 ranks, with or without --elastic."""
+    script = folder / "steady.py"
+    script.write_text(STEADY)
+    out = folder / secrets.token_hex(6)
+    launch = [sys.executable, "-m", "tnt_launch", "-n", "2", "--no-gpu", *(["--elastic", "1"] if elastic else [])]
+    subprocess.run([*launch, "--", str(script), str(out)], env={**os.environ, "KERAS_BACKEND": backend},
+                   check=True, capture_output=True, timeout=600)
+    return json.loads(out.read_text())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, default=4)
@@ -158,9 +206,23 @@ def main() -> None:
     parser.add_argument("--keras", nargs="*", default=[], metavar="BACKEND",
                         help="also time a Keras fit's recovery on these backends (torch, tensorflow, jax)")
     parser.add_argument("--no-comm", action="store_true", help="skip the tnt-comm measurements")
+    parser.add_argument("--keras-steady", nargs="*", default=[], metavar="BACKEND",
+                        help="also time a Keras fit's steps while nothing fails (LeNet-5 on numpy arrays, "
+                             "2 ranks), with and without --elastic, on these backends")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
+        for backend in args.keras_steady:
+            # Passes alternate, so that the machine's drift reaches both alike; medians of every step.
+            plain: list[float] = []
+            elastic: list[float] = []
+            for _ in range(args.trials):
+                plain += keras_steady_state(backend, False, folder)
+                elastic += keras_steady_state(backend, True, folder)
+            p, e = statistics.median(plain) * 1e3, statistics.median(elastic) * 1e3
+            print(f"Keras fit on {backend}, LeNet-5 on arrays, 2 ranks: {p:.2f} ms per step without --elastic, "
+                  f"{e:.2f} ms with --elastic 1 ({(e / p - 1) * 100:+.1f}%; medians of {len(plain)} and "
+                  f"{len(elastic)} steps over {args.trials} alternating passes)", flush=True)
         for backend in args.keras:
             times = [keras_recovery(backend, folder) for _ in range(args.trials)]
             print(f"Keras fit on {backend}, 4 ranks, rank 3 killed in epoch 1: death to the next step "

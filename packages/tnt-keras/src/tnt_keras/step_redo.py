@@ -70,7 +70,8 @@ class Agreement:
 
     @property
     def redo_step(self) -> bool:
-        """Every survivor was in a train step and knows the global metric states it began with."""
+        """Every survivor was in a train step, knows the global metric states it began with and can
+        deal its batch again."""
         return self.in_step and self.healable
 
 
@@ -107,6 +108,9 @@ class StepRedo:
         self.iterator: Any = None  # the epoch's iterator
         self.drawn = 0  # how many batches of it were drawn
         self.dealt_here = False  # the job re-formed this epoch: the iterator's next batches are dealt for the old one
+        # Keras goes on with one iterator across epochs (steps_per_epoch shorter than the data), whose
+        # pipeline may have read a batch ahead in the order of the epoch before: not dealt again.
+        self.spans_epochs = False
 
     def _collect(self) -> None:
         self.metric_variables = [v for m in self.model.metrics for v in m.variables]
@@ -144,6 +148,8 @@ class StepRedo:
             return data, self.ds.last_index
         if data is not self.iterator:  # a new epoch
             self.iterator, self.drawn, self.dealt_here = data, 0, False
+        elif self.reset:  # a new epoch, drawing on from the last one's iterator
+            self.spans_epochs = True
         drawn = next(data)  # StopIteration: the data ran out, which Keras takes as the epoch's end
         self.drawn += 1
         return (self._deal(self.drawn - 1) if self.dealt_here else [drawn]), self.drawn - 1
@@ -192,7 +198,8 @@ class StepRedo:
             if hasattr(dealt, "last_index") and dealt.size > 1:
                 dealt.rank, dealt.size = tnt_comm.rank(), tnt_comm.size()
         self.dealt_here = self.iterator is not None
-        how = agree(True, self.sums is not None or not self.metric_variables, self.done)
+        known = (self.sums is not None or not self.metric_variables) and not self.spans_epochs
+        how = agree(True, known, self.done)
         if not how.redo_step:
             raise elastic.Reformed(error) from error
         with timeline.span("lost step redone", step=how.furthest, healer=how.healer):
