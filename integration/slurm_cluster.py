@@ -145,9 +145,15 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _config(folder: Path, nodes: list[tuple[str, str]], cpus: int, ctld_port: int, slurmd_port: int) -> str:
-    """slurm.conf for `nodes` (name, address); slurmctld runs on the first."""
+def _config(
+    folder: Path, nodes: list[tuple[str, str]], cpus: int, ctld_port: int, slurmd_port: int,
+    slurmd_timeout: int | None = None,
+) -> str:
+    """slurm.conf for `nodes` (name, address); slurmctld runs on the first; `slurmd_timeout`: how
+    long a node may not answer before slurmctld sets it DOWN (Slurm's default: 300 s)."""
     lines = "".join(f"NodeName={name} NodeAddr={addr} CPUs={cpus} State=UNKNOWN\n" for name, addr in nodes)
+    if slurmd_timeout is not None:
+        lines = f"SlurmdTimeout={slurmd_timeout}\n" + lines
     names = ",".join(name for name, _ in nodes)
     return f"""\
 ClusterName=tnttest
@@ -196,8 +202,9 @@ def up(cpus: int = 4, timeout: float = 30.0) -> Slurm:
     return _start([(node, "127.0.0.1")], [], cpus, timeout)
 
 
-def up_on(netns: Any, cpus: int = 2, timeout: float = 30.0) -> Slurm:
-    """One node per host of `netns` (a running netns_cluster.Cluster), named tntnode0, tntnode1, ..."""
+def up_on(netns: Any, cpus: int = 2, timeout: float = 30.0, slurmd_timeout: int | None = None) -> Slurm:
+    """One node per host of `netns` (a running netns_cluster.Cluster), named tntnode0, tntnode1, ...;
+    `slurmd_timeout` as `_config` takes it."""
     why = missing_requirements()
     if why is not None:
         raise SlurmUnavailable(why)
@@ -219,7 +226,7 @@ def up_on(netns: Any, cpus: int = 2, timeout: float = 30.0) -> Slurm:
             anchors.append(anchor.pid)
         for pid in anchors:
             _wait_hostname(pid, timeout)
-        cluster = _start(nodes, anchors, cpus, timeout)
+        cluster = _start(nodes, anchors, cpus, timeout, slurmd_timeout)
     except BaseException:
         for pid in anchors:
             _stop(pid)
@@ -255,7 +262,9 @@ def _wait_hostname(pid: int, timeout: float) -> None:
     raise SlurmUnavailable(f"a node's namespaces did not come up within {timeout:g} s")
 
 
-def _start(nodes: list[tuple[str, str]], anchors: list[int], cpus: int, timeout: float) -> Slurm:
+def _start(
+    nodes: list[tuple[str, str]], anchors: list[int], cpus: int, timeout: float, slurmd_timeout: int | None = None
+) -> Slurm:
     why = missing_requirements()
     if why is not None:
         raise SlurmUnavailable(why)
@@ -268,7 +277,7 @@ def _start(nodes: list[tuple[str, str]], anchors: list[int], cpus: int, timeout:
             (folder / f"spool-{name}").mkdir()
         ctld_port = _free_port(random.Random())
         slurmd_port = ctld_port + 1 if ctld_port < 10239 else ctld_port - 1
-        (folder / "slurm.conf").write_text(_config(folder, nodes, cpus, ctld_port, slurmd_port))
+        (folder / "slurm.conf").write_text(_config(folder, nodes, cpus, ctld_port, slurmd_port, slurmd_timeout))
         _quiet([_program("mungekey"), "-c", "-k", str(folder / "munge.key")])
         _quiet([
             _program("munged"), "--force", f"--socket={folder}/munge.sock", f"--key-file={folder}/munge.key",

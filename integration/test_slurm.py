@@ -262,7 +262,8 @@ def two_nodes() -> Iterator[tuple[Slurm, Cluster]]:
         pytest.skip(str(e))
     try:
         try:
-            cluster = up_on(hosts, cpus=2)
+            # A node cut off is set DOWN after 15 s, not Slurm's 300 (the elastic job that loses one).
+            cluster = up_on(hosts, cpus=2, slurmd_timeout=15)
         except SlurmUnavailable as e:
             print(f"SKIP two-node Slurm tests: {e}")
             pytest.skip(str(e))
@@ -315,6 +316,79 @@ def test_a_rank_killed_on_the_second_node_ends_the_job(two_nodes: tuple[Slurm, C
     for host in range(2):
         assert not [f for f in os.listdir(hosts.path(host, "/dev/shm")) if f.startswith("tnt-")]
 
+
+
+NODE_LOSS = textwrap.dedent(
+    """\
+    import os, sys, time, numpy as np, tnt_comm as tc
+    STEPS = 60
+    i = 0
+    member = tc.membership()[1][tc.rank()]
+    while i < STEPS:
+        try:
+            if i == 30 and tc.size() < 4:  # the survivors go on once Slurm has set the lost node DOWN
+                while not os.path.exists(sys.argv[2]):
+                    time.sleep(0.1)
+            n = tc.size()
+            got = tc.allreduce(np.full(1024, tc.rank() + 1.0 + i, np.float32))
+            assert got[0] == n * (n + 1) / 2 + n * i, (got[0], n, i)
+            if member == 0 and i == 10:
+                open(sys.argv[1], "w").close()  # the test cuts the second node off now
+            time.sleep(0.05)
+            i += 1
+        except (tc.PeerFailure, tc.Timeout):
+            tc.shrink()
+            i = int(tc.allreduce(np.array([i], np.int64), op="min")[0])
+    print(f"member {member} of {tc.size()} ranks did {i} calls in generation {tc.membership()[0]}", flush=True)
+    """
+)
+
+
+@pytest.mark.timeout(240)
+def test_an_elastic_job_that_loses_a_node_goes_on_with_the_other(
+    two_nodes: tuple[Slurm, Cluster], tmp_path: Path
+) -> None:
+    # The second node's link is cut (its slurmd, agents and ranks go silent): the two ranks of the
+    # first re-form the job; tnt-launch stops the two it left out without touching the others (one
+    # srun step holds all four); the survivors finish after slurmctld has set the node DOWN, which
+    # kills a step on it unless the step asked for --no-kill (as the job's allocation must: salloc).
+    slurm, hosts = two_nodes
+    script = _script(tmp_path, "node_loss.py", NODE_LOSS)
+    marker, down, registry = tmp_path / "cut-now", tmp_path / "node-down", tmp_path / "registry"
+    argv = ["salloc", "-N", "2", "-n", "4", "--no-kill", *LAUNCH, "--elastic", "2", "--timeout", "5",
+            "--output-on-all-devices", "--", str(script), str(marker), str(down)]
+    proc = subprocess.Popen(slurm.on_node(0, argv), env={**slurm.env, "TNT_LAUNCH_REGISTRY": str(registry)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marker.exists(), proc.communicate(timeout=30)
+        hosts.cut(1)
+        deadline = time.monotonic() + 90
+        while "down" not in slurm.run(["sinfo", "-h", "-n", "tntnode1", "-o", "%T"], timeout=30).stdout:
+            assert time.monotonic() < deadline and proc.poll() is None, "the node was not set DOWN"
+            time.sleep(0.5)
+        down.touch()
+        out, err = proc.communicate(timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        hosts.reconnect(1)
+    assert proc.returncode == 0, err[-3000:]
+    for rank in (2, 3):
+        assert f"rank {rank} (host tntnode1, local rank {rank - 2}) is left out of the job" in err, err[-3000:]
+    assert re.search(r"finished on 2 rank\(s\); lost on the way: rank 2 .*rank 3 ", err), err[-3000:]
+    finished = sorted(line.split("] ", 1)[-1] for line in out.splitlines() if "calls in generation" in line)
+    assert finished == [f"member {m} of 2 ranks did 60 calls in generation 1" for m in (0, 1)], out + err[-2000:]
+    assert not [f for f in os.listdir(registry) if f.endswith(".json")], os.listdir(registry)
+    assert not [f for f in os.listdir(hosts.path(0, "/dev/shm")) if f.startswith("tnt-")]
+    # Back on the network, the second node's left-out ranks end too: nothing of the job is left.
+    deadline = time.monotonic() + 60
+    while _processes_of(script) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _processes_of(script), _processes_of(script)
 
 # -- Preemption: a signal before the end, a checkpoint, and a second job that resumes from it -------
 

@@ -25,13 +25,30 @@ def test_every_task_takes_its_own_rank_out_of_one_request(monkeypatch: pytest.Mo
     assert step["ranks"][2] == {"rank": 2, "env": {"TNT_RANK": "2", "CUDA_VISIBLE_DEVICES": "1"}}
     for rank, request in enumerate(requests):
         monkeypatch.setenv("SLURM_PROCID", str(rank))
-        assert _agent.task_request(step) == request
+        assert _agent.task_request(step) == {**request, "task": rank}  # its task: commands addressed to it
 
 
 def test_queries_without_environment_share_one_request(monkeypatch: pytest.MonkeyPatch) -> None:
     step = step_request([{"mode": "probe", "want_port": True, "rank": 0}, {"mode": "probe", "want_port": False, "rank": 1}])
     monkeypatch.setenv("SLURM_PROCID", "1")
-    assert _agent.task_request(step) == {"mode": "probe", "want_port": False, "rank": 1, "env": {}}
+    assert _agent.task_request(step) == {"mode": "probe", "want_port": False, "rank": 1, "env": {}, "task": 1}
+
+
+def test_a_stop_addressed_to_one_task_reaches_its_agent_alone() -> None:
+    # Every agent of a step reads the same stdin: job-wide bytes reach all, '@TASK:C;' one of them,
+    # also where a read ends inside it.
+    stream = b"S@2:T;U@10:K;@1"
+    assert _agent._own_commands(stream, 2) == (b"SU", b"T", b"@1")
+    assert _agent._own_commands(stream, 10) == (b"SU", b"K", b"@1")
+    assert _agent._own_commands(stream, 1) == (b"SU", b"", b"@1")
+    assert _agent._own_commands(b"@1" + b":T;S", 1) == (b"S", b"T", b"")
+    # An agent that is not a step's task (ssh, local) takes none of them.
+    assert _agent._own_commands(stream, None) == (b"SU", b"", b"@1")
+
+
+def test_an_elastic_jobs_steps_outlive_a_failed_node() -> None:
+    assert "--no-kill" in slurm.srun_argv(4, None, ["agent"], no_kill=True)
+    assert "--no-kill" not in slurm.srun_argv(4, None, ["agent"])
 
 
 @pytest.mark.parametrize(

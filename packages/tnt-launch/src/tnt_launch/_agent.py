@@ -57,6 +57,11 @@ _REPORT_CHARS = 1500
 
 _PR_SET_CHILD_SUBREAPER = 36
 
+ADDRESSED = b"@"
+"""Under srun, where every agent of a step reads the same stdin, ``@TASK:C;`` is the control byte C
+('T' or 'K') for the agent of task TASK alone (``_own_commands``): one rank of the step is stopped
+(an elastic job's rank left out), the others go on."""
+
 FORWARDED = signal.SIGUSR1
 """The signal the agent passes on to its rank, when it gets it or is told 'U' on stdin."""
 
@@ -141,9 +146,35 @@ def rank_state(rank: int, pid: int | None) -> dict[str, Any]:
     return message
 
 
-def _watch_stdin(stopper: _Stopper, pending: bytes, rank: int) -> None:
-    data = pending
+def _own_commands(data: bytes, task: int | None) -> tuple[bytes, bytes, bytes]:
+    """(the plain control bytes of `data`, the addressed commands for `task`, an incomplete addressed
+    command at its end, to be read with what follows)."""
+    plain, own = bytearray(), bytearray()
+    while data:
+        at = data.find(ADDRESSED)
+        if at < 0:
+            plain += data
+            break
+        plain += data[:at]
+        end = data.find(b";", at)
+        if end < 0:
+            return bytes(plain), bytes(own), data[at:]
+        target, _, command = data[at + 1 : end].partition(b":")
+        if task is not None and target.isdigit() and int(target) == task:
+            own += command
+        data = data[end + 1 :]
+    return bytes(plain), bytes(own), b""
+
+
+def _watch_stdin(stopper: _Stopper, pending: bytes, rank: int, task: int | None = None) -> None:
+    data, carried = pending, b""
     while True:
+        plain, own, carried = _own_commands(carried + data, task)
+        if b"K" in own:
+            stopper.request(force=True)
+        elif b"T" in own:
+            stopper.request()
+        data = plain
         if b"S" in data:
             _tell(rank_state(rank, stopper.pid))
         for _ in range(data.count(b"U")):
@@ -254,7 +285,8 @@ def run_rank(request: dict[str, Any], pending: bytes = b"") -> int:
     # agent too): passed on to the rank, which it would otherwise end with the agent.
     signal.signal(FORWARDED, lambda *_: stopper.forward(FORWARDED))
     _become_subreaper()
-    threading.Thread(target=_watch_stdin, args=(stopper, pending, rank), daemon=True).start()
+    task = request.get("task")  # under srun: this agent's task of the step
+    threading.Thread(target=_watch_stdin, args=(stopper, pending, rank, task), daemon=True).start()
 
     cwd = request["cwd"]
     try:
@@ -406,8 +438,9 @@ def serve(request: dict[str, Any]) -> Any:
 
 def task_request(step: dict[str, Any]) -> dict[str, Any]:
     """This task's own request out of an srun step's (`starters/srun.py: step_request`): task r, rank r's."""
-    own = step["ranks"][int(os.environ["SLURM_PROCID"])]
-    request = {**step["common"], **own}
+    task = int(os.environ["SLURM_PROCID"])
+    own = step["ranks"][task]
+    request = {**step["common"], **own, "task": task}
     request["env"] = {**step["common"].get("env", {}), **own.get("env", {})}
     return request
 

@@ -30,7 +30,10 @@ def run(config: LaunchConfig) -> int:
     earlier jobs on its hosts (--cleanup); tnt-launch's exit code."""
     placement = resolve_hosts(config)
     allocated = placement.allocation.cpus_per_task if placement.allocation is not None else None
-    ways = starters.for_launcher(placement.launcher, SshSettings(config.ssh_port, config.ssh_options), allocated)
+    ways = starters.for_launcher(
+        placement.launcher, SshSettings(config.ssh_port, config.ssh_options), allocated,
+        elastic=config.elastic_min is not None,
+    )
     if config.cleanup:
         return stop_earlier_jobs(config, placement, ways)
     if not config.dry_run:

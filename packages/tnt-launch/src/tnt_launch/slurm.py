@@ -160,9 +160,13 @@ def fill(allocation: Allocation, ranks: int) -> list[int]:
     return counts
 
 
-def srun_argv(ranks: int, cpus_per_task: int | None, program: Sequence[str], overlap: bool = False) -> list[str]:
+def srun_argv(
+    ranks: int, cpus_per_task: int | None, program: Sequence[str], overlap: bool = False, no_kill: bool = False
+) -> list[str]:
     """The srun line that starts one task per rank, placed by SLURM_HOSTFILE; ``overlap`` for a
-    step beside the job's first (an elastic job's replacement), on CPUs that step holds."""
+    step beside the job's first (an elastic job's replacement), on CPUs that step holds; ``no_kill``
+    for an elastic job's steps: where slurmctld finds a node failed, it kills a step on that node
+    unless the step asked for --no-kill, and the survivors on the other nodes go on."""
     argv = [
         "srun",
         f"--ntasks={ranks}",
@@ -177,6 +181,8 @@ def srun_argv(ranks: int, cpus_per_task: int | None, program: Sequence[str], ove
     ]
     if overlap:
         argv.append("--overlap")
+    if no_kill:
+        argv.append("--no-kill")
     if cpus_per_task is not None:
         argv.append(f"--cpus-per-task={cpus_per_task}")
     return [*argv, "--", *program]

@@ -85,12 +85,12 @@ class Ways(dict[str, RankStarter]):
         return LocalAgents().query([Host("localhost", local=True)], make_request, timeout)
 
 
-def for_launcher(launcher: str, ssh: SshSettings, cpus_per_task: int | None = None) -> Ways:
+def for_launcher(launcher: str, ssh: SshSettings, cpus_per_task: int | None = None, elastic: bool = False) -> Ways:
     """The starters of a job whose placement chose `launcher` (hosts.LAUNCHERS); `cpus_per_task`
-    is srun's, from the allocation."""
+    is srun's, from the allocation; `elastic`: the job goes on after losing ranks (--elastic)."""
     from tnt_launch.starters import local, srun
     from tnt_launch.starters import ssh as over_ssh
 
     if launcher == "srun":
-        return Ways(launcher, {"srun": srun.SrunStep(cpus_per_task)})
+        return Ways(launcher, {"srun": srun.SrunStep(cpus_per_task, no_kill=elastic)})
     return Ways(launcher, {"local": local.LocalAgents(ssh), "ssh": over_ssh.SshAgents(ssh)})

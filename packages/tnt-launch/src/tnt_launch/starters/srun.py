@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tnt_launch import agents, slurm
+from tnt_launch._agent import ADDRESSED
 from tnt_launch.config import LaunchError
 from tnt_launch.hosts import Host
 from tnt_launch.plan import RankSpec
@@ -70,9 +71,11 @@ def start_step(argv: Sequence[str], hostfile: str, request: dict[str, Any]) -> s
 class Step:
     """The srun step that runs every rank's agent as one of its tasks (launcher "srun").
 
-    srun hands every task the same stdin, so a control byte ('S', 'T', 'K') reaches all agents: each
-    is sent once, as the job-wide requests they are. stdin closes once every rank has finished (its
-    agent stops its rank when it closes), or when tnt-launch ends."""
+    srun hands every task the same stdin, so a control byte ('S', 'U') reaches all agents: each is
+    sent once, as the job-wide requests they are. Stopping ('T') and killing ('K') are addressed to
+    one task ('@TASK:C;', ``_agent.ADDRESSED``): an elastic job stops a rank it left out and keeps
+    the others. stdin closes once every rank has finished (its agent stops its rank when it closes),
+    or when tnt-launch ends."""
 
     def __init__(self, proc: subprocess.Popen[bytes], hostfile: str, size: int) -> None:
         self.proc = proc
@@ -88,8 +91,17 @@ class Step:
             if command in self.sent:
                 return
             self.sent.add(command)
+        self._write(command)
+
+    def send_to(self, task: int, command: bytes) -> None:
+        """Control byte ``command`` for the agent of ``task`` alone."""
+        self._write(b"%s%d:%s;" % (ADDRESSED, task, command))
+
+    def _write(self, data: bytes) -> None:
+        if self.proc.stdin is None or self.proc.stdin.closed:
+            return
         try:
-            self.proc.stdin.write(command)
+            self.proc.stdin.write(data)
             self.proc.stdin.flush()
         except (BrokenPipeError, ValueError, OSError):
             pass
@@ -98,6 +110,13 @@ class Step:
         self.done.add(task)
         if len(self.done) == self.size:
             self.close()
+
+    def kill(self, task: int) -> None:
+        """Kills ``task``'s rank; srun itself (and with it every task left) once no other task runs."""
+        self.send_to(task, b"K")
+        self.finished(task)
+        if len(self.done) == self.size and self.proc.poll() is None:
+            self.proc.kill()
 
     def close(self) -> None:
         if self.proc.stdin is not None:
@@ -113,14 +132,16 @@ class StepControl:
         self.task = task
 
     def send(self, command: bytes) -> None:
-        self.step.send(command)
+        if command in (b"T", b"K"):  # this rank's, not the step's
+            self.step.send_to(self.task, command)
+        else:
+            self.step.send(command)
 
     def finished(self) -> None:
         self.step.finished(self.task)
 
     def kill(self) -> None:
-        if self.step.proc.poll() is None:
-            self.step.proc.kill()
+        self.step.kill(self.task)
 
 
 class StepStream:
@@ -166,8 +187,9 @@ class SrunStep:
     job's replacement ranks start later, each as a step of its own that shares the first step's CPUs
     (``--overlap``: the lost rank's task holds them until the whole first step ends)."""
 
-    def __init__(self, cpus_per_task: int | None = None) -> None:
+    def __init__(self, cpus_per_task: int | None = None, no_kill: bool = False) -> None:
         self.cpus_per_task = cpus_per_task  # srun's --cpus-per-task, from the allocation
+        self.no_kill = no_kill  # an elastic job's steps go on when Slurm finds one of their nodes failed
         self.steps: list[Step] = []
         self.sources: list[StepStream] = []
 
@@ -177,7 +199,9 @@ class SrunStep:
         if not specs:
             return started
         hostfile = write_slurm_hostfile([spec.host for spec in specs])
-        argv = slurm.srun_argv(len(specs), self.cpus_per_task, srun_program(), overlap=bool(self.steps))
+        argv = slurm.srun_argv(
+            len(specs), self.cpus_per_task, srun_program(), overlap=bool(self.steps), no_kill=self.no_kill
+        )
         try:
             proc = start_step(argv, hostfile, step_request([request(spec) for spec in specs]))
         except OSError as e:
@@ -257,7 +281,22 @@ class SrunStep:
 def query_step(
     hosts: Sequence[Host], make_request: Callable[[Host], dict[str, Any]], timeout: float
 ) -> list[tuple[Host, Any, LaunchError | None]]:
-    """`query_host` on every host at once, as the tasks of one srun step (one task per host)."""
+    """`query_host` on every host at once, as the tasks of one srun step (one task per host). Where
+    the step reached only some of them (a node lost: srun launches on all or none), each host it
+    missed is asked again in a step of its own, so that the others still answer (the tidy-up after
+    an elastic job that lost a node)."""
+    results, reached = _query_together(hosts, make_request, timeout)
+    if len(hosts) > 1 and not all(reached):
+        for i, host in enumerate(hosts):
+            if not reached[i]:
+                results[i] = _query_together([host], make_request, timeout)[0][0]
+    return results
+
+
+def _query_together(
+    hosts: Sequence[Host], make_request: Callable[[Host], dict[str, Any]], timeout: float
+) -> tuple[list[tuple[Host, Any, LaunchError | None]], list[bool]]:
+    """One srun step's answers, and which hosts answered at all."""
     requests = [make_request(h) for h in hosts]
     hostfile = write_slurm_hostfile([h.name for h in hosts])
     argv = slurm.query_argv(len(hosts), srun_program())
@@ -268,9 +307,10 @@ def query_step(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate()
-            return [(h, None, LaunchError(f"srun did not answer for host {h.name} within {timeout:g} s")) for h in hosts]
+            late = [(h, None, LaunchError(f"srun did not answer for host {h.name} within {timeout:g} s")) for h in hosts]
+            return late, [True] * len(hosts)  # asking again would wait as long
     except OSError as e:
-        return [(h, None, LaunchError(f"cannot run srun: {e.strerror}")) for h in hosts]
+        return [(h, None, LaunchError(f"cannot run srun: {e.strerror}")) for h in hosts], [True] * len(hosts)
     finally:
         os.unlink(hostfile)
     answers: dict[int, Any] = {}
@@ -290,4 +330,4 @@ def query_step(
             results.append((host, None, LaunchError(f"host {host.name}: {answers[i]['error']}")))
         else:
             results.append((host, answers[i], None))
-    return results
+    return results, [i in answers for i in range(len(hosts))]
