@@ -24,7 +24,7 @@ import psutil
 import pytest
 from netns_cluster import Cluster, ClusterUnavailable
 from netns_cluster import up as netns_up
-from slurm_cluster import Slurm, SlurmUnavailable, up, up_on
+from slurm_cluster import Slurm, SlurmUnavailable, _wait_idle, up, up_on
 
 SUM = textwrap.dedent(
     """\
@@ -240,7 +240,7 @@ def test_an_elastic_job_under_srun_goes_on_and_a_replacement_joins_as_a_step_of_
     assert not _tnt_segments() - before
 
 
-# -- Two nodes: one per host of a cluster of network namespaces ----------------------------------
+# -- Nodes on hosts of a cluster of network namespaces: jobs take two, a third is spare ----------
 
 PLACED = textwrap.dedent(
     """\
@@ -254,18 +254,19 @@ PLACED = textwrap.dedent(
 
 
 @pytest.fixture(scope="module")
-def two_nodes() -> Iterator[tuple[Slurm, Cluster]]:
+def nodes() -> Iterator[tuple[Slurm, Cluster]]:
+    """Three nodes: the jobs ask for two (-N 2) but the elastic one, whose third node is its spare."""
     try:
-        hosts = netns_up(2)
+        hosts = netns_up(3)
     except ClusterUnavailable as e:
-        print(f"SKIP two-node Slurm tests: {e}")
+        print(f"SKIP multi-node Slurm tests: {e}")
         pytest.skip(str(e))
     try:
         try:
             # A node cut off is set DOWN after 15 s, not Slurm's 300 (the elastic job that loses one).
             cluster = up_on(hosts, cpus=2, slurmd_timeout=15)
         except SlurmUnavailable as e:
-            print(f"SKIP two-node Slurm tests: {e}")
+            print(f"SKIP multi-node Slurm tests: {e}")
             pytest.skip(str(e))
         try:
             yield cluster, hosts
@@ -280,8 +281,8 @@ def _placed(out: str) -> list[str]:
 
 
 @pytest.mark.timeout(180)
-def test_two_nodes_under_plain_srun_and_tnt_launch(two_nodes: tuple[Slurm, Cluster], tmp_path: Path) -> None:
-    slurm, hosts = two_nodes
+def test_two_nodes_under_plain_srun_and_tnt_launch(nodes: tuple[Slurm, Cluster], tmp_path: Path) -> None:
+    slurm, hosts = nodes
     script = _script(tmp_path, "placed.py", PLACED)
     both = [
         f"rank {r} of 4 local {r % 2}/2 on tntnode{r // 2} sum 10 over shm+tcp" for r in range(4)
@@ -307,8 +308,8 @@ def test_two_nodes_under_plain_srun_and_tnt_launch(two_nodes: tuple[Slurm, Clust
 
 
 @pytest.mark.timeout(180)
-def test_a_rank_killed_on_the_second_node_ends_the_job(two_nodes: tuple[Slurm, Cluster], tmp_path: Path) -> None:
-    slurm, hosts = two_nodes
+def test_a_rank_killed_on_the_second_node_ends_the_job(nodes: tuple[Slurm, Cluster], tmp_path: Path) -> None:
+    slurm, hosts = nodes
     _fail_a_rank_under_tnt_launch(
         slurm, tmp_path, ["salloc", "-N", "2", "-n", "4"], 3, "host tntnode1, local rank 1", timeout=120
     )
@@ -321,13 +322,22 @@ def test_a_rank_killed_on_the_second_node_ends_the_job(two_nodes: tuple[Slurm, C
 NODE_LOSS = textwrap.dedent(
     """\
     import os, sys, time, numpy as np, tnt_comm as tc
-    STEPS = 60
+    STEPS, GO_ON = 60, 30
     i = 0
+    if "TNT_JOIN" in os.environ:  # a replacement on the spare node: admitted at call GO_ON, told it by rank 0
+        i = int(tc.broadcast(np.array([0], np.int64), root=0)[0])
     member = tc.membership()[1][tc.rank()]
     while i < STEPS:
         try:
-            if i == 30 and tc.size() < 4:  # the survivors go on once Slurm has set the lost node DOWN
+            if i == GO_ON and tc.size() < 4:
+                # The survivors go on once Slurm has set the lost node DOWN, with both replacements.
                 while not os.path.exists(sys.argv[2]):
+                    time.sleep(0.1)
+                for _ in range(1200):
+                    if tc.admit():
+                        tc.broadcast(np.array([i], np.int64), root=0)
+                        if tc.size() == 4:
+                            break
                     time.sleep(0.1)
             n = tc.size()
             got = tc.allreduce(np.full(1024, tc.rank() + 1.0 + i, np.float32))
@@ -339,23 +349,25 @@ NODE_LOSS = textwrap.dedent(
         except (tc.PeerFailure, tc.Timeout):
             tc.shrink()
             i = int(tc.allreduce(np.array([i], np.int64), op="min")[0])
-    print(f"member {member} of {tc.size()} ranks did {i} calls in generation {tc.membership()[0]}", flush=True)
+    print(f"member {member} of {tc.size()} ranks did {i} calls on {os.uname().nodename}", flush=True)
     """
 )
 
 
 @pytest.mark.timeout(240)
-def test_an_elastic_job_that_loses_a_node_goes_on_with_the_other(
-    two_nodes: tuple[Slurm, Cluster], tmp_path: Path
+def test_an_elastic_job_that_loses_a_node_goes_on_and_its_spare_node_takes_the_replacements(
+    nodes: tuple[Slurm, Cluster], tmp_path: Path
 ) -> None:
-    # The second node's link is cut (its slurmd, agents and ranks go silent): the two ranks of the
-    # first re-form the job; tnt-launch stops the two it left out without touching the others (one
-    # srun step holds all four); the survivors finish after slurmctld has set the node DOWN, which
-    # kills a step on it unless the step asked for --no-kill (as the job's allocation must: salloc).
-    slurm, hosts = two_nodes
+    # Four ranks on the first two nodes of three (-n 4 fills two; the third is a spare). The second
+    # node's link is cut: its slurmd, agents and ranks go silent. The two ranks of the first re-form
+    # the job; tnt-launch stops the two it left out without touching the others (one srun step holds
+    # all four) and, as their agents do not answer, starts their replacements on the spare node. The
+    # survivors go on after slurmctld has set the lost node DOWN, which kills a step on it unless the
+    # step asked for --no-kill (as the allocation must: salloc --no-kill), and admit the two.
+    slurm, hosts = nodes
     script = _script(tmp_path, "node_loss.py", NODE_LOSS)
     marker, down, registry = tmp_path / "cut-now", tmp_path / "node-down", tmp_path / "registry"
-    argv = ["salloc", "-N", "2", "-n", "4", "--no-kill", *LAUNCH, "--elastic", "2", "--timeout", "5",
+    argv = ["salloc", "-N", "3", "-n", "6", "--no-kill", *LAUNCH, "-n", "4", "--elastic", "2:4", "--timeout", "5",
             "--output-on-all-devices", "--", str(script), str(marker), str(down)]
     proc = subprocess.Popen(slurm.on_node(0, argv), env={**slurm.env, "TNT_LAUNCH_REGISTRY": str(registry)},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -379,16 +391,21 @@ def test_an_elastic_job_that_loses_a_node_goes_on_with_the_other(
     assert proc.returncode == 0, err[-3000:]
     for rank in (2, 3):
         assert f"rank {rank} (host tntnode1, local rank {rank - 2}) is left out of the job" in err, err[-3000:]
-    assert re.search(r"finished on 2 rank\(s\); lost on the way: rank 2 .*rank 3 ", err), err[-3000:]
-    finished = sorted(line.split("] ", 1)[-1] for line in out.splitlines() if "calls in generation" in line)
-    assert finished == [f"member {m} of 2 ranks did 60 calls in generation 1" for m in (0, 1)], out + err[-2000:]
+        assert re.search(rf"starting rank \d on host tntnode2 \(a spare host: host tntnode1 is gone\) in place of "
+                         rf"rank {rank}", err), err[-3000:]
+    assert re.search(r"finished on 4 rank\(s\); lost on the way: rank 2 .*rank 3 .*; joined: rank 4, rank 5", err), err
+    finished = sorted(line.split("] ", 1)[-1] for line in out.splitlines() if "calls on" in line)
+    want = [f"member {m} of 4 ranks did 60 calls on tntnode{n}" for m, n in ((0, 0), (1, 0), (4, 2), (5, 2))]
+    assert finished == want, out + err[-2000:]
     assert not [f for f in os.listdir(registry) if f.endswith(".json")], os.listdir(registry)
-    assert not [f for f in os.listdir(hosts.path(0, "/dev/shm")) if f.startswith("tnt-")]
-    # Back on the network, the second node's left-out ranks end too: nothing of the job is left.
+    for host in (0, 2):
+        assert not [f for f in os.listdir(hosts.path(host, "/dev/shm")) if f.startswith("tnt-")]
+    # Back on the network, the second node's left-out ranks end too, and the node takes jobs again.
     deadline = time.monotonic() + 60
     while _processes_of(script) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not _processes_of(script), _processes_of(script)
+    _wait_idle(slurm, 90)
 
 # -- Preemption: a signal before the end, a checkpoint, and a second job that resumes from it -------
 
@@ -434,10 +451,10 @@ TRAIN = textwrap.dedent(
 
 @pytest.mark.timeout(300)
 def test_a_preemption_signal_ends_in_a_checkpoint_the_next_job_resumes_from_exactly(
-    two_nodes: tuple[Slurm, Cluster], tmp_path: Path
+    nodes: tuple[Slurm, Cluster], tmp_path: Path
 ) -> None:
     # On two nodes, one rank each: the signal must reach the rank on the node without the batch shell.
-    slurm, _ = two_nodes
+    slurm, _ = nodes
     script = _script(tmp_path, "train.py", TRAIN)
     backup = tmp_path / "backup"
     first, second, whole = (tmp_path / name for name in ("first.json", "second.json", "whole.json"))

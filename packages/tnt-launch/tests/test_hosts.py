@@ -150,6 +150,11 @@ def test_inside_an_allocation_srun_starts_the_ranks(tmp_path: Path) -> None:
     )
     # -n N places N ranks on the allocation's nodes in order, each up to its tasks.
     assert resolve_hosts(LaunchConfig(nprocs=3), env) == Placement([Host("c1", 2), Host("c2", 1)], "srun", allocation)
+    # An elastic job with replacements keeps the nodes -n leaves empty as spares, each with its tasks.
+    assert resolve_hosts(LaunchConfig(nprocs=2, elastic_min=1, elastic_max=3), env) == Placement(
+        [Host("c1", 2), Host("c2", 2, spare=True), Host("c3", 1, spare=True)], "srun", allocation
+    )
+    assert resolve_hosts(LaunchConfig(nprocs=2, elastic_min=1), env) == Placement([Host("c1", 2)], "srun", allocation)
     # --launcher says otherwise.
     assert resolve_hosts(LaunchConfig(nprocs=3, launcher="local"), env) == Placement(
         [Host("localhost", local=True)], "local"

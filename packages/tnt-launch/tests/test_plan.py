@@ -804,3 +804,12 @@ def test_a_spare_host_starts_no_rank_but_has_a_place_for_each_slot() -> None:
     write_plan(plan, out)
     assert "3 rank(s) on 2 host(s)" in out.getvalue()
     assert "Spare hosts, for replacements of ranks whose host is gone (--elastic MIN:MAX): node2 (2 slot(s))" in out.getvalue()
+
+
+def test_n_in_a_slurm_allocation_plans_each_nodes_share_and_a_spare_nodes_tasks() -> None:
+    # hosts.py: -n 3 in an allocation of 2+2 tasks fills c1 (2) and c2 (1); c3 is an elastic job's spare.
+    hosts = [Host("c1", 2), Host("c2", 1), Host("c3", 2, spare=True)]
+    config = cfg(nprocs=3, no_gpu=True, launcher="srun", elastic_min=2, elastic_max=5)
+    plan = build_plan(config, hosts, {h.name: facts() for h in hosts}, ID, {}, launcher="srun")
+    assert [(spec.host, spec.local_rank) for spec in plan.ranks] == [("c1", 0), ("c1", 1), ("c2", 0)]
+    assert [(spec.host, spec.local_rank) for spec in plan.spares] == [("c3", 0), ("c3", 1)]

@@ -118,10 +118,17 @@ def _named(hosts: list[Host]) -> list[Host]:
 
 
 def _allocation_hosts(config: LaunchConfig, found: slurm.Allocation, by_srun: bool) -> list[Host]:
-    """The allocation's nodes, each with its task count as slots; with srun, `-n N` fills them."""
+    """The allocation's nodes, each with its task count as slots; with srun, `-n N` fills them. The
+    nodes `-n N` leaves empty are spare hosts of an elastic job with replacements (--elastic
+    MIN:MAX), each with its tasks as slots: a node lost takes its ranks' replacements there."""
     named = _named([Host(name) for name in found.nodes])
     counts = slurm.counts(found, config.nprocs if by_srun else None)
-    return [Host(h.name, count, h.local) for h, count in zip(named, counts) if count != 0]
+    hosts = [Host(h.name, count, h.local) for h, count in zip(named, counts, strict=True) if count != 0]
+    if by_srun and config.elastic_max is not None:
+        tasks = found.tasks_per_node or (1,) * len(named)
+        hosts += [Host(h.name, slots, h.local, spare=True)
+                  for h, count, slots in zip(named, counts, tasks, strict=True) if count == 0]
+    return hosts
 
 
 def resolve_hosts(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> Placement:

@@ -269,7 +269,9 @@ def _ranks_per_host(config: LaunchConfig, host: Host, facts: HostFacts) -> int:
 def _slots(config: LaunchConfig, host: Host, facts: HostFacts) -> int:
     """The ranks a host runs (a spare host: the replacements it may take)."""
     if config.nprocs is not None:
-        return config.nprocs
+        # In a Slurm allocation, -n N filled its nodes in order (hosts.py): each its share, a spare
+        # node its tasks; elsewhere -n N runs on this host alone.
+        return host.slots if host.slots is not None else config.nprocs
     if config.n_per_node is not None:
         return config.n_per_node
     if host.slots is not None:

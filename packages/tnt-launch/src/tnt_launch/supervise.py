@@ -314,7 +314,8 @@ class Supervisor:
         """Starts a replacement for `run` (--elastic MIN:MAX), as a new member that the job admits
         at its next epoch, while MAX ranks and --max-restarts replacements allow it: on `run`'s host,
         or where that host is gone (its agent stopped answering, or its connection ended without a
-        word), on a free slot of a spare host of the hostfile."""
+        word), on a free slot of a spare host: of the hostfile, or a node of the Slurm allocation
+        that the job's ranks leave empty."""
         config = self.config
         started = len(self.joining) + sum(1 for spec in self.pending if contract.JOIN in spec.env)
         if config.elastic_max is None or left >= config.elastic_max or started >= config.max_restarts:
@@ -324,7 +325,7 @@ class Supervisor:
             free = [s for s in self.plan.spares if (s.host, s.local_rank) not in self.spares_taken]
             if not free:
                 self._say(f"no replacement for rank {run.spec.rank}: its host {run.spec.host} is gone and no "
-                          "spare host of the hostfile has a free slot")
+                          "spare host (of the hostfile, or a node of the Slurm allocation without ranks) has a free slot")
                 return
             place = free[0]
             self.spares_taken.add((place.host, place.local_rank))

@@ -242,7 +242,9 @@ class SrunStep:
                           f"its task of the srun step ended without reporting the rank's status (srun's exit status {code})")
 
     def unreachable(self, run: RankRun) -> bool:
-        return False  # srun itself watches the nodes, and ends the step where one is lost
+        # Its agent was told to stop its rank and did not (the step asks for --no-kill, so srun does
+        # not end it where a node is lost): the node or the link to it is gone.
+        return True
 
     def close(self, runs: Sequence[RankRun], grace: float) -> list[tuple[str, Read]]:
         """srun ends once its tasks have; one that outlives the job is killed (its agents then see
