@@ -51,6 +51,8 @@ class RankStatus:
         return 128 + (self.signal or 0)
 
     def describe(self) -> str:
+        if self.error is not None and self.code is None and self.signal is None:
+            return f"failed: {self.error}"  # no exit status ever came (its agent was dropped)
         if self.error is not None:
             return f"failed: {self.error} (exit code {self.exit_code})"
         if self.signal is not None:

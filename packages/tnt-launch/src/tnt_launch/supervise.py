@@ -382,7 +382,8 @@ class Supervisor:
                 if self._starter(run).unreachable(run):
                     self.silent.append(run)
                 run.kill()
-                run.status = RankStatus(None, error="did not answer")
+                gone = " (its host, or the link to it, is gone)" if run in self.silent else ""
+                run.status = RankStatus(None, error=f"did not answer when told to stop{gone}")
                 for stream in run.streams:
                     self._close_stream(stream)
                 if run in self.silent and not self.stopping:  # its host is gone: a spare may take it
