@@ -103,19 +103,25 @@ def trial(n: int, transport: str, elastic: bool, kill: bool, calls: int, folder:
     return result
 
 
-FIT = r"""
-import os, signal, sys, time
+# What the Keras scripts share: LeNet-5 wrapped by tnt, and SAMPLES random images with labels; the
+# script's first argument names its output.
+LENET = r"""
+import json, os, signal, sys, time
 import numpy as np, keras, tnt_comm, tnt_keras as tnt
 
 out = sys.argv[1]
-x = np.random.RandomState(0).rand(2048, 28, 28, 1).astype("float32")
-y = np.random.RandomState(1).randint(0, 10, 2048)
+x = np.random.RandomState(0).rand(SAMPLES, 28, 28, 1).astype("float32")
+y = np.random.RandomState(1).randint(0, 10, SAMPLES)
 keras.utils.set_random_seed(7)
 model = tnt.Model(keras.Sequential([
     keras.Input((28, 28, 1)), keras.layers.Conv2D(6, 5, activation="relu"), keras.layers.MaxPooling2D(),
     keras.layers.Conv2D(16, 5, activation="relu"), keras.layers.MaxPooling2D(), keras.layers.Flatten(),
     keras.layers.Dense(120, activation="relu"), keras.layers.Dense(84, activation="relu"), keras.layers.Dense(10)]))
-model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+"""
+
+FIT = LENET.replace("SAMPLES", "2048") + r"""
+model.compile(optimizer="sgd", loss=loss)
 member = tnt_comm.rank()
 
 
@@ -152,19 +158,8 @@ def keras_recovery(backend: str, folder: Path) -> float:
     return max(float(Path(f"{out}.{m}").read_text()) for m in range(3)) - death
 
 
-STEADY = r"""
-import json, sys, time
-import numpy as np, keras, tnt_comm, tnt_keras as tnt
-
-out = sys.argv[1]
-x = np.random.RandomState(0).rand(4096, 28, 28, 1).astype("float32")
-y = np.random.RandomState(1).randint(0, 10, 4096)
-keras.utils.set_random_seed(7)
-model = tnt.Model(keras.Sequential([
-    keras.Input((28, 28, 1)), keras.layers.Conv2D(6, 5, activation="relu"), keras.layers.MaxPooling2D(),
-    keras.layers.Conv2D(16, 5, activation="relu"), keras.layers.MaxPooling2D(), keras.layers.Flatten(),
-    keras.layers.Dense(120, activation="relu"), keras.layers.Dense(84, activation="relu"), keras.layers.Dense(10)]))
-model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+STEADY = LENET.replace("SAMPLES", "4096") + r"""
+model.compile(optimizer="sgd", loss=loss, metrics=["accuracy"])
 
 
 class Clock(keras.callbacks.Callback):
