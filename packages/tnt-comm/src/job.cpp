@@ -21,13 +21,13 @@ int cpus_available() {
 
 }  // namespace
 
-Job::Job(const Identity& identity) : identity_(identity) {
+Job::Job(const Identity& identity, std::function<std::vector<int>()> gone) : identity_(identity) {
   if (identity_.size == 1) {
     fabric_ = std::make_unique<Fabric>(identity_);
   } else {
     try {
       const Deadline deadline = deadline_after(identity_.start_timeout_s);
-      Rendezvous rendezvous(identity_, deadline);
+      Rendezvous rendezvous(identity_, deadline, std::move(gone));
       fabric_ = std::make_unique<Fabric>(identity_, rendezvous.meet(), rendezvous, deadline);
       rendezvous.finish();
     } catch (const Timeout& e) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -21,8 +22,8 @@ class Channel;
 class Job {
  public:
   // Meets the other ranks and connects to every one of them (a single rank: none), within the
-  // identity's start timeout.
-  explicit Job(const Identity& identity);
+  // identity's start timeout; `gone` (Rendezvous::Gone) names ranks known to have ended meanwhile.
+  explicit Job(const Identity& identity, std::function<std::vector<int>()> gone = {});
   ~Job();
   Job(const Job&) = delete;
   Job& operator=(const Job&) = delete;

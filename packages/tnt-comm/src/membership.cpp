@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <set>
 #include <optional>
@@ -50,11 +51,12 @@ StoreClient connect(const Identity& identity) {
   return StoreClient(identity.master_addr, identity.master_port, identity.token, deadline_after(10));
 }
 
-// What a survivor says at the store: "<node>;<id>,<id>;<id>,<id>": its host, the members it saw
-// fail, and the members it vouches for (they answered its probe from the call it timed out in).
+// What a survivor says at the store: "<node>;<ids>;<ids>;<ids>": its host, the members it saw
+// fail, the members it vouches for (they answered its probe from the call it timed out in), and
+// the members whose link to it closed without a goodbye (their process ended).
 struct Said {
   int node = 0;
-  std::set<int> accused, vouched;
+  std::set<int> accused, vouched, closed;
 };
 
 std::set<int> parse_ids(const std::string& text) {
@@ -68,13 +70,15 @@ std::set<int> parse_ids(const std::string& text) {
 }
 
 Said parse_said(const std::string& text) {
+  std::vector<std::string> fields;
+  std::istringstream in(text);
+  std::string field;
+  while (std::getline(in, field, ';')) fields.push_back(field);
   Said said;
-  const std::size_t semi = text.find(';');
-  said.node = std::stoi(text.substr(0, semi));
-  if (semi == std::string::npos) return said;
-  const std::size_t second = text.find(';', semi + 1);
-  said.accused = parse_ids(text.substr(semi + 1, second == std::string::npos ? std::string::npos : second - semi - 1));
-  if (second != std::string::npos) said.vouched = parse_ids(text.substr(second + 1));
+  said.node = std::stoi(fields.at(0));
+  if (fields.size() > 1) said.accused = parse_ids(fields[1]);
+  if (fields.size() > 2) said.vouched = parse_ids(fields[2]);
+  if (fields.size() > 3) said.closed = parse_ids(fields[3]);
   return said;
 }
 
@@ -92,13 +96,18 @@ std::string ids_of(const std::vector<int>& ranks, const Generation& now, int sel
 
 Generation agree_on_survivors(const Identity& identity, const std::string& job_base, const Generation& now,
                               const std::vector<int>& lost_ranks, const std::vector<int>& answered_ranks,
-                              Deadline deadline) {
+                              Deadline deadline, const std::function<std::vector<int>()>& seen_lost) {
   const int me = now.ids[static_cast<std::size_t>(identity.rank)];
   StoreClient store = connect(identity);
   const std::string next_key = gen_key(job_base, now.generation, "next");
-  const std::string said = std::to_string(identity.node_rank) + ";" + ids_of(lost_ranks, now, identity.rank) +
-                           ";" + ids_of(answered_ranks, now, identity.rank);
-  store.set(gen_key(job_base, now.generation, "alive/" + std::to_string(me)), said);
+  std::set<int> lost(lost_ranks.begin(), lost_ranks.end()), closed;
+  auto say_alive = [&] {
+    auto text = [&](const std::set<int>& ranks) { return ids_of({ranks.begin(), ranks.end()}, now, identity.rank); };
+    store.set(gen_key(job_base, now.generation, "alive/" + std::to_string(me)),
+              std::to_string(identity.node_rank) + ";" + text(lost) + ";" + ids_of(answered_ranks, now, identity.rank) +
+                  ";" + text(closed));
+  };
+  say_alive();
   // A member vouched for is alive but may come a stall timeout later (a slow handler before
   // shrink, a starved process): past `deadline`, the agreement waits that long more for it.
   const Deadline vouched_deadline =
@@ -106,7 +115,18 @@ Generation agree_on_survivors(const Identity& identity, const std::string& job_b
 
   std::optional<std::string> decided;
   while (!(decided = store.try_get(next_key))) {
-    // Who said what: members alive (with what they accuse), and members whose process ended.
+    // Ranks lost at once die one after another: each seen since is accused too, so the agreement
+    // need not wait for the deadline to go on without it.
+    if (seen_lost) {
+      const std::size_t before = closed.size();
+      for (int r : seen_lost()) closed.insert(r);
+      if (closed.size() != before) {
+        lost.insert(closed.begin(), closed.end());
+        say_alive();
+      }
+    }
+    // Who said what: members alive (with what they accuse), and members whose process ended: the
+    // launcher saw it end, or a survivor's link to it closed (also after it said it is alive).
     std::map<int, Said> alive;
     std::set<int> ended, accused, vouched;
     for (int id : now.ids) {
@@ -115,6 +135,7 @@ Generation agree_on_survivors(const Identity& identity, const std::string& job_b
         alive[id] = parse_said(*text);
         accused.insert(alive[id].accused.begin(), alive[id].accused.end());
         vouched.insert(alive[id].vouched.begin(), alive[id].vouched.end());
+        ended.insert(alive[id].closed.begin(), alive[id].closed.end());
       }
     }
     // Settled once every member said it is alive, ended, or was seen failing by a member alive and
@@ -149,6 +170,12 @@ Generation agree_on_survivors(const Identity& identity, const std::string& job_b
   }
   return decode(*decided, now.generation + 1);
 }
+
+Meeting::Meeting(const Identity& identity, const std::string& job_base, int generation)
+    : store_(connect(identity)), key_(gen_key(job_base, generation, "abandoned")) {}
+
+bool Meeting::abandoned() { return store_.try_get(key_).has_value(); }
+void Meeting::abandon() { store_.set(key_, "1"); }
 
 Generation wait_for_admission(const Identity& identity, const std::string& job_base, int id) {
   StoreClient store = connect(identity);

@@ -3,10 +3,12 @@
 // rank). Runtime::shrink (runtime.hpp) uses it between tearing the old job down and meeting anew.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "common.hpp"
+#include "rendezvous/store.hpp"
 #include "tnt_comm/identity.hpp"
 
 namespace tnt {
@@ -22,8 +24,9 @@ struct Generation {
 // The survivors' agreement on the next generation, at the store of `identity` under the keys of
 // the job `job_base` (generation 0's TNT_JOB_ID):
 //  - each survivor says it is alive (with its node), which members it saw fail (`lost_ranks`,
-//    ranks of `now`) and which it vouches for (`answered_ranks`: alive, held up in the call it
-//    timed out in); the launcher marks every member whose process ended;
+//    ranks of `now`, and those `seen_lost` names as the agreement goes on) and which it vouches
+//    for (`answered_ranks`: alive, held up in the call it timed out in); the launcher marks every
+//    member whose process ended;
 //  - once every member of `now` is alive, ended or seen failing by a member alive (and vouched for
 //    by none), or at `deadline` (a stall timeout and 3 s later where a member vouched for has not
 //    come), any survivor proposes, in rank order, the members alive whose process did not
@@ -32,8 +35,22 @@ struct Generation {
 //    (a claim), so every survivor gets the same answer, also one that saw less.
 // Returns the next generation; it may leave this rank out (a rank that was taken for lost).
 Generation agree_on_survivors(const Identity& identity, const std::string& job_base, const Generation& now,
-                           const std::vector<int>& lost_ranks, const std::vector<int>& answered_ranks,
-                           Deadline deadline);
+                              const std::vector<int>& lost_ranks, const std::vector<int>& answered_ranks,
+                              Deadline deadline, const std::function<std::vector<int>()>& seen_lost = {});
+
+// A meeting of the survivors (generation `generation`) that one of them gave up: its meet failed
+// (a member ended, or did not come), so the others need not wait for the deadline either, and all
+// agree again. `abandon` says so at the store; `abandoned` asks, on one connection kept open.
+class Meeting {
+ public:
+  Meeting(const Identity& identity, const std::string& job_base, int generation);
+  bool abandoned();
+  void abandon();
+
+ private:
+  StoreClient store_;
+  std::string key_;
+};
 
 // A replacement process (`id`, on `node`) asks to join the elastic job and waits, without a limit
 // (its launcher ends it with the job), until a generation admits it; returns that generation.

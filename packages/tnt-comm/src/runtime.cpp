@@ -18,6 +18,11 @@ std::mutex g_mutex;
 std::shared_ptr<Runtime> g_runtime;
 bool g_finalized = false;
 
+// Thrown out of a meeting of survivors that another of them gave up (Meeting::abandoned).
+struct MeetingAbandoned : Error {
+  MeetingAbandoned() : Error("another survivor gave the meeting up") {}
+};
+
 void refuse_after_finalize() {
   if (g_finalized) {
     throw Error("tnt_comm was finalized: no collective can run after finalize(), and the runtime "
@@ -110,7 +115,7 @@ void Runtime::abandon(const std::string& error) {
 }
 
 void Runtime::meet(const Identity& base, const std::string& job_base, int generation, const std::vector<int>& ids,
-                   const std::vector<int>& nodes, int me) {
+                   const std::vector<int>& nodes, int me, std::function<std::vector<int>()> gone_ids) {
   const Generation next{generation, ids, nodes};
   if (std::find(ids.begin(), ids.end(), me) == ids.end()) {
     throw Error("member " + std::to_string(me) + " (rank " + std::to_string(base.rank) +
@@ -119,7 +124,18 @@ void Runtime::meet(const Identity& base, const std::string& job_base, int genera
   }
   Identity mine = identity_in(base, job_base, next, me);
   mine.start_timeout_s = std::min(base.start_timeout_s, base.timeout_s);  // no imports to wait for
-  g_runtime.reset(new Runtime(std::make_shared<Job>(mine), generation, ids, job_base));
+  std::function<std::vector<int>()> gone;  // the ranks in `next` of the members gone
+  if (gone_ids) {
+    gone = [gone_ids, ids] {
+      std::vector<int> ranks;
+      for (int id : gone_ids()) {
+        const auto at = std::find(ids.begin(), ids.end(), id);
+        if (at != ids.end()) ranks.push_back(static_cast<int>(at - ids.begin()));
+      }
+      return ranks;
+    };
+  }
+  g_runtime.reset(new Runtime(std::make_shared<Job>(mine, std::move(gone)), generation, ids, job_base));
 }
 
 std::vector<int> Runtime::member_nodes() {
@@ -153,13 +169,41 @@ Runtime& Runtime::shrink() {
   const std::string job_base = g_runtime->job_base_;
   const int me = now.ids[static_cast<std::size_t>(identity.rank)];
   const ErrorDetail failure = fabric.failure_detail();
-  std::vector<int> lost = failure.ranks, answered = failure.answered;
-  // The old generation goes first: its links, segments and threads (groups hold it weakly).
-  g_runtime.reset();
-  const Deadline deadline = deadline_after(identity.timeout_s);
+  // This rank tells its peers the failure it re-forms after: one still in a call stops there, and
+  // none takes this rank for dead when its links close.
+  fabric.tell_failure();
+  // The old generation stays until the new one has met: while the survivors agree and meet, every
+  // member whose link to it closes without a goodbye has ended, and nobody waits a deadline for it
+  // (ranks lost at once die one after another; one may die after it said it is alive).
+  std::shared_ptr<Runtime> old = g_runtime;
+  const Generation first = now;
+  auto gone_ids = [old, first] {
+    std::vector<int> ids;
+    for (int r : old->fabric().vanished_peers()) ids.push_back(first.ids[static_cast<std::size_t>(r)]);
+    return ids;
+  };
+  struct DropOld {  // then it goes: its links, segments and threads (groups hold it weakly)
+    std::shared_ptr<Runtime>& old;
+    ~DropOld() {
+      if (g_runtime == old) g_runtime.reset();
+    }
+  } drop_old{old};
+  const std::vector<int> answered = failure.answered;
+  std::vector<int> lost = failure.ranks;
   Identity mine = identity;
   for (int attempt = 0;; ++attempt) {
-    const Generation next = agree_on_survivors(mine, job_base, now, lost, answered, deadline);
+    // Each agreement has its own deadline: after a failed meeting the survivors wait for each
+    // other again, and the one that comes first must not go on alone.
+    auto seen_lost = [&now, &gone_ids] {  // the ranks in `now` of the members gone
+      std::vector<int> ranks;
+      for (int id : gone_ids()) {
+        const auto at = std::find(now.ids.begin(), now.ids.end(), id);
+        if (at != now.ids.end()) ranks.push_back(static_cast<int>(at - now.ids.begin()));
+      }
+      return ranks;
+    };
+    const Generation next = agree_on_survivors(mine, job_base, now, lost, attempt == 0 ? answered : std::vector<int>{},
+                                               deadline_after(identity.timeout_s), seen_lost);
     const bool kept = std::find(next.ids.begin(), next.ids.end(), me) != next.ids.end();
     if (kept && static_cast<int>(next.ids.size()) < identity.elastic_min) {
       ErrorDetail detail;
@@ -169,17 +213,26 @@ Runtime& Runtime::shrink() {
                             " it needs (TNT_ELASTIC, tnt-launch --elastic): it ends",
                         std::move(detail));
     }
+    if (!kept) meet(identity, job_base, next.generation, next.ids, next.nodes, me);  // throws: left out
+    Meeting meeting(mine, job_base, next.generation);
+    // While meeting, a member gone gives up at once, and so does everyone once one gave up.
+    auto gone_or_given_up = [&meeting, &gone_ids] {
+      if (meeting.abandoned()) throw MeetingAbandoned();
+      return gone_ids();
+    };
     try {
-      meet(identity, job_base, next.generation, next.ids, next.nodes, me);
+      meet(identity, job_base, next.generation, next.ids, next.nodes, me, gone_or_given_up);
       return *g_runtime;
+    } catch (const MeetingAbandoned&) {
+      lost.clear();  // another member gave up: this one saw nobody fail
     } catch (const Error& e) {
       // A member was lost while the new generation met: agree again without it.
-      if (!kept || e.detail().ranks.empty() || attempt >= identity.size) throw;
-      now = next;
+      if (e.detail().ranks.empty() || attempt >= identity.size) throw;
+      meeting.abandon();
       lost = e.detail().ranks;
-      answered.clear();
-      mine = identity_in(identity, job_base, next, me);
     }
+    now = next;
+    mine = identity_in(identity, job_base, next, me);
   }
 }
 

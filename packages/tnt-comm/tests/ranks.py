@@ -91,6 +91,8 @@ class Job:
                 TNT_JOB_ID=self.job_id,
                 TNT_JOB_TOKEN=token,
                 PYTHONUNBUFFERED="1",
+                # A rank that hangs prints where (SIGABRT from wait below) before it is killed.
+                PYTHONFAULTHANDLER="1",
                 # The ranks' temporary files go with the job's folder, also those of a rank that a
                 # test kills (TensorFlow's autograph deletes its files only at exit).
                 TMPDIR=str(tmp),
@@ -112,9 +114,30 @@ class Job:
             for r, p in enumerate(self.procs):
                 out, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
                 results.append(Result(r, p.returncode, out, err))
+        except subprocess.TimeoutExpired:
+            raise AssertionError(self._hung(timeout, results)) from None
         finally:
             self.kill()
         return results
+
+    def _hung(self, timeout: float, done: list[Result]) -> str:
+        """Which ranks still ran after `timeout`, with where they were (their faulthandler stacks,
+        asked for with SIGABRT) and the end of every rank's output."""
+        running = [r for r, p in enumerate(self.procs) if p.poll() is None]
+        for r in running:
+            self.procs[r].send_signal(signal.SIGABRT)
+        report = [f"ranks {running} still ran after {timeout:.0f} s"]
+        for res in done:
+            report.append(f"--- rank {res.rank} (exit {res.returncode}) stderr:\n{res.stderr[-1500:]}")
+        for r, p in list(enumerate(self.procs))[len(done):]:
+            try:
+                out, err = p.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                out, err = p.communicate()
+            report.append(f"--- rank {r} (exit {p.returncode}) stdout:\n{(out or '')[-1500:]}\n"
+                          f"--- rank {r} stderr:\n{(err or '')[-4000:]}")
+        return "\n".join(report)
 
     def kill(self) -> None:
         for p in self.procs:

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -97,9 +98,9 @@ class Runtime {
   static void start(const Identity& identity);
   // Needs the global lock: makes the runtime member `me` has in the elastic generation whose ids
   // and nodes are given (`base`: the identity it had, `job_base`: generation 0's job id); throws
-  // where the generation left `me` out.
+  // where the generation left `me` out. `gone_ids` names members known to have ended meanwhile.
   static void meet(const Identity& base, const std::string& job_base, int generation, const std::vector<int>& ids,
-                   const std::vector<int>& nodes, int me);
+                   const std::vector<int>& nodes, int me, std::function<std::vector<int>()> gone_ids = {});
   // This generation's members and their nodes, as the agreement takes them.
   std::vector<int> member_nodes();
 

@@ -18,6 +18,8 @@ namespace {
 
 constexpr std::uint32_t kHelloMagic = 0x544e5448;  // "TNTH"
 constexpr std::size_t kDefaultPayload = 256 * 1024;
+// How often a meeting that can learn of ranks gone (Rendezvous::Gone) asks.
+constexpr int kGoneCheckMs = 20;
 
 // "1, 2, 3": ranks in error messages.
 std::string join_ranks(const std::vector<int>& ranks) {
@@ -34,6 +36,22 @@ std::size_t payload_from_env() {
   return static_cast<std::size_t>(kb) * 1024;
 }
 
+// Throws where a rank we still wait for is among those `gone` names: it ended after the job was
+// formed without it (its members agreed before its death was seen), and it will never come.
+void check_gone(const Rendezvous::Gone& gone, const std::vector<int>& awaited, int rank) {
+  if (!gone || awaited.empty()) return;
+  std::vector<int> lost;
+  for (int r : gone()) {
+    if (std::find(awaited.begin(), awaited.end(), r) != awaited.end()) lost.push_back(r);
+  }
+  if (lost.empty()) return;
+  ErrorDetail detail;
+  detail.ranks = lost;
+  throw PeerFailure(lost.front(), "rank(s) " + join_ranks(lost) + " ended while rank " + std::to_string(rank) +
+                                      " met them to re-form the job",
+                    std::move(detail));
+}
+
 // Peer hello: magic(4) + rank(4) + token, answered by one kHelloAck byte once it is verified.
 constexpr char kHelloAck = 'K';
 // A real peer sends its hello right after connecting: strangers get this long, and only this many
@@ -44,7 +62,7 @@ constexpr std::size_t kMaxPendingHellos = 64;
 // Connects to lower rank `to` and presents our hello. The acceptor drops hellos that come too late
 // or while it is flooded, so an unanswered connection is retried until the deadline.
 Socket connect_to_peer(const std::string& host, int port, int to, int rank, const std::string& token,
-                       Deadline deadline) {
+                       Deadline deadline, const Rendezvous::Gone& gone) {
   std::string hello(reinterpret_cast<const char*>(&kHelloMagic), 4);
   hello.append(reinterpret_cast<const char*>(&rank), 4);
   hello += token;
@@ -57,6 +75,7 @@ Socket connect_to_peer(const std::string& host, int port, int to, int rank, cons
     } catch (const Error&) {
       // Dropped before it answered: connect again.
     }
+    check_gone(gone, {to}, rank);
     if (Clock::now() >= deadline) {
       ErrorDetail detail;
       detail.ranks = {to};
@@ -73,7 +92,7 @@ Socket connect_to_peer(const std::string& host, int port, int to, int rank, cons
 // read side by side, each connection against its own short deadline, and a wrong one is dropped
 // at once, so no stranger delays a real peer.
 std::vector<Socket> accept_peers(const Socket& listener, int rank, int size, const std::string& token,
-                                 Deadline deadline) {
+                                 Deadline deadline, const Rendezvous::Gone& gone) {
   std::vector<Socket> got(static_cast<std::size_t>(size));
   int missing = size - 1 - rank;
   const std::size_t hello_bytes = 8 + token.size();
@@ -81,11 +100,12 @@ std::vector<Socket> accept_peers(const Socket& listener, int rank, int size, con
   Admission strangers(listener, kHelloSeconds, kMaxPendingHellos);
   std::vector<pollfd> fds;
   while (missing > 0) {
+    std::vector<int> absent;
+    for (int r = rank + 1; r < size; ++r) {
+      if (!got[static_cast<std::size_t>(r)].valid()) absent.push_back(r);
+    }
+    check_gone(gone, absent, rank);
     if (Clock::now() >= deadline) {
-      std::vector<int> absent;
-      for (int r = rank + 1; r < size; ++r) {
-        if (!got[static_cast<std::size_t>(r)].valid()) absent.push_back(r);
-      }
       ErrorDetail detail;
       detail.ranks = absent;
       throw Timeout("rendezvous timed out: rank(s) " + join_ranks(absent) + " did not connect to rank " + std::to_string(rank),
@@ -93,7 +113,8 @@ std::vector<Socket> accept_peers(const Socket& listener, int rank, int size, con
     }
     fds.assign(1, pollfd{strangers.accepting() ? listener.fd() : -1, POLLIN, 0});
     for (auto& e : strangers.entries()) fds.push_back({e.sock.fd(), POLLIN, 0});
-    if (::poll(fds.data(), fds.size(), strangers.poll_timeout_ms(deadline)) < 0) {
+    const int wait_ms = gone ? std::min(strangers.poll_timeout_ms(deadline), kGoneCheckMs) : strangers.poll_timeout_ms(deadline);
+    if (::poll(fds.data(), fds.size(), wait_ms) < 0) {
       if (errno != EINTR) throw Error(std::string("poll: ") + std::strerror(errno));
       continue;
     }
@@ -143,22 +164,23 @@ std::vector<Socket> accept_peers(const Socket& listener, int rank, int size, con
 // Connects to every lower rank and accepts every higher one: the sockets, by rank.
 std::vector<Socket> accept_or_connect(const Socket& listener, const std::vector<std::string>& hosts,
                                       const std::vector<int>& ports, int rank, int size, const std::string& token,
-                                      Deadline deadline) {
+                                      Deadline deadline, const Rendezvous::Gone& gone) {
   std::vector<Socket> lower(static_cast<std::size_t>(size));
   for (int r = 0; r < rank; ++r) {
     auto i = static_cast<std::size_t>(r);
-    lower[i] = connect_to_peer(hosts[i], ports[i], r, rank, token, deadline);
+    lower[i] = connect_to_peer(hosts[i], ports[i], r, rank, token, deadline, gone);
   }
-  std::vector<Socket> sockets = accept_peers(listener, rank, size, token, deadline);
+  std::vector<Socket> sockets = accept_peers(listener, rank, size, token, deadline, gone);
   for (int r = 0; r < rank; ++r) sockets[static_cast<std::size_t>(r)] = std::move(lower[static_cast<std::size_t>(r)]);
   return sockets;
 }
 
 }  // namespace
 
-Rendezvous::Rendezvous(const Identity& identity, Deadline deadline)
+Rendezvous::Rendezvous(const Identity& identity, Deadline deadline, Gone gone)
     : id_(identity),
       deadline_(deadline),
+      gone_(std::move(gone)),
       prefix_(identity.job_id + "/"),
       server_(identity.rank == 0 && identity.elastic_min == 0 ? std::make_unique<StoreServer>(identity.master_addr, identity.master_port, identity.token)
                                  : nullptr),
@@ -186,6 +208,11 @@ Mesh Rendezvous::meet() {
   for (int r = 0; r < size; ++r) {
     std::string info;
     try {
+      // Where ranks may be gone, asked between short looks; otherwise the store waits for us.
+      while (gone_ && !has("peer/" + std::to_string(r)) && Clock::now() < deadline_) {
+        check_gone(gone_, {r}, rank);
+        std::this_thread::sleep_for(std::chrono::milliseconds(kGoneCheckMs));
+      }
       info = get("peer/" + std::to_string(r), deadline_);
     } catch (const Timeout&) {
       std::vector<int> missing;
@@ -208,7 +235,7 @@ Mesh Rendezvous::meet() {
 
   // 2. Full mesh of TCP connections: we connect to lower ranks and accept higher ones. Each
   //    connection starts with a hello proving the job token, acknowledged by the acceptor.
-  mesh.sockets = accept_or_connect(listener, mesh.hosts, port, rank, size, id_.token, deadline_);
+  mesh.sockets = accept_or_connect(listener, mesh.hosts, port, rank, size, id_.token, deadline_, gone_);
   return mesh;
 }
 

@@ -3,8 +3,10 @@
 // What it builds (the Mesh) and the store's keys (as an Exchange) go to the transport's fabric.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common.hpp"
 #include "rendezvous/store.hpp"
@@ -15,9 +17,12 @@ namespace tnt {
 
 class Rendezvous : public Exchange {
  public:
+  // Ranks of this job known to have ended while it meets (a re-formed elastic job: survivors see
+  // the links of the generation before close), so that nobody waits the deadline for them.
+  using Gone = std::function<std::vector<int>()>;
   // Starts the store on rank 0 (unless the job is elastic: its launcher holds the store) and
   // connects to it, retrying until `deadline`.
-  Rendezvous(const Identity& identity, Deadline deadline);
+  Rendezvous(const Identity& identity, Deadline deadline, Gone gone = {});
   ~Rendezvous() override;
   Rendezvous(const Rendezvous&) = delete;
   Rendezvous& operator=(const Rendezvous&) = delete;
@@ -36,6 +41,7 @@ class Rendezvous : public Exchange {
  private:
   const Identity& id_;
   Deadline deadline_;
+  Gone gone_;
   std::string prefix_;
   std::unique_ptr<StoreServer> server_;  // rank 0 of a job that is not elastic only
   StoreClient store_;

@@ -337,6 +337,14 @@ bool Fabric::departed(int rank) const {
   return peer && peer->departed.load(std::memory_order_acquire);
 }
 
+std::vector<int> Fabric::vanished_peers() const {
+  std::vector<int> out;
+  for (const auto& peer : peers_) {
+    if (peer && peer->vanished.load(std::memory_order_acquire)) out.push_back(peer->rank);
+  }
+  return out;
+}
+
 void Fabric::set_status(Status status) {
   std::lock_guard<std::mutex> lock(status_mutex_);
   status_ = std::move(status);
@@ -397,6 +405,7 @@ void Fabric::handle_frame(Peer& peer) {
     peer.closed = true;
     peer.left.store(true, std::memory_order_release);
     if (peer.said_bye) return;
+    peer.vanished.store(true, std::memory_order_release);
     ErrorDetail detail;
     detail.ranks = {peer.rank};
     fail(FailureKind::peer, std::move(detail),

@@ -94,6 +94,11 @@ class Fabric {
   // Peers that said goodbye (finalized) and so will never send again. The count only grows.
   std::uint32_t departures() const { return departures_.load(std::memory_order_acquire); }
   bool departed(int rank) const;
+  // Peers whose connection closed without a goodbye so far: their process ended (in an elastic
+  // job the survivors of a failure keep their links until they agree on who is left).
+  std::vector<int> vanished_peers() const;
+  // Sends the recorded failure to every peer still connected (an abort frame).
+  void tell_failure();
 
   // Liveness probes, for naming the ranks that hold a stalled job up. `status` answers a peer's
   // probe on the receiver thread: whether this rank has made call `seq` of stream `key`.
@@ -118,6 +123,7 @@ class Fabric {
     bool closed = false;
     std::atomic<bool> departed{false};
     std::atomic<bool> left{false};  // a goodbye of either kind arrived, or the connection closed
+    std::atomic<bool> vanished{false};  // the connection closed without a goodbye
   };
 
   void complete_gpi2_writes();
@@ -129,8 +135,6 @@ class Fabric {
   // The closing handshake of a clean shutdown (see fabric.cpp).
   void close_gracefully();
   static constexpr double kClosingWaitS = 10.0;
-  // Sends the recorded failure to every peer still connected (an abort frame).
-  void tell_failure();
 
   int rank_;
   int size_;
