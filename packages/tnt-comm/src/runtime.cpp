@@ -36,10 +36,6 @@ void Runtime::start(const Identity& identity) {
   refuse_after_finalize();
   if (g_runtime) return;
   Fabric::check_transport(identity.transport);
-  if (identity.elastic_min > 0 && identity.transport == "gpi2") {
-    throw InvalidArgument("TNT_ELASTIC (tnt-launch --elastic) runs over shm and tcp: GPI-2 starts once "
-                          "per process, so a job over it cannot re-form (use --transport tcp or auto)");
-  }
   if (identity.join_as >= 0) {
     // A replacement: it waits to be admitted, then meets the generation that admitted it.
     const Generation next = wait_for_admission(identity, identity.job_id, identity.join_as);
@@ -124,6 +120,9 @@ void Runtime::meet(const Identity& base, const std::string& job_base, int genera
   }
   Identity mine = identity_in(base, job_base, next, me);
   mine.start_timeout_s = std::min(base.start_timeout_s, base.timeout_s);  // no imports to wait for
+  // GPI-2 starts once per process: a job that ran over it goes on over shared memory and TCP.
+  if (mine.transport == "gpi2") mine.transport = "auto";
+  mine.gpi2_allowed = false;
   std::function<std::vector<int>()> gone;  // the ranks in `next` of the members gone
   if (gone_ids) {
     gone = [gone_ids, ids] {

@@ -22,6 +22,7 @@ parser.add_argument("--steps", type=int, default=30)
 args = parser.parse_args()
 
 member = tc.rank()
+first = sorted(set(tc.transports()) - {"self"})  # generation 0's transports
 failures = []
 i = 0
 while i < args.steps:
@@ -38,5 +39,6 @@ while i < args.steps:
         i = int(tc.allreduce(np.array([i], np.int64), op="min")[0])
 generation, members = tc.membership()
 report = {"member": member, "rank": tc.rank(), "size": tc.size(), "generation": generation,
-          "members": members, "failures": failures, "steps": i}
+          "members": members, "failures": failures, "steps": i, "first": first,
+          "last": sorted(set(tc.transports()) - {"self"})}
 (args.reports / f"member-{member}.json").write_text(json.dumps(report))

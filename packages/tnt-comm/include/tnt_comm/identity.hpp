@@ -35,6 +35,10 @@ struct Identity {
   // TNT_JOIN: -1 (unset), or the member id of a replacement process (tnt-launch --elastic MIN:MAX):
   // it waits at the store until the job admits it (Runtime::admit), then meets the job's ranks.
   int join_as = -1;
+  // Whether GPI-2 may join pairs of ranks. It starts once per process, so an elastic job's
+  // generations after the first (re-formed, or joined by a replacement) run without it: shared
+  // memory within a host and TCP between hosts.
+  bool gpi2_allowed = true;
 
   // Reads TNT_* variables; without TNT_SIZE, in a Slurm step of several tasks (plain srun), forms
   // the job from Slurm's variables; otherwise (or with TNT_SIZE=1) describes a single rank.

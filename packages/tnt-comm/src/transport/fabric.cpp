@@ -65,8 +65,9 @@ void Fabric::set_up(const Identity& id, const Mesh& mesh, Exchange& exchange, De
   //    tcp measured faster: docs/comm.md). Every rank decides alike from the same node list.
   const bool many_hosts = std::any_of(node.begin(), node.end(), [&](int n) { return n != node[0]; });
   const std::string network = gpi2_build().network;
-  const bool gpi2_between_hosts = id.transport == "auto" && many_hosts && !network.empty() && network != "ethernet";
-  const bool use_gpi2 = id.transport == "gpi2" || gpi2_between_hosts;
+  const bool gpi2_between_hosts =
+      id.transport == "auto" && id.gpi2_allowed && many_hosts && !network.empty() && network != "ethernet";
+  const bool use_gpi2 = (id.transport == "gpi2" && id.gpi2_allowed) || gpi2_between_hosts;
   std::vector<bool> same_host(static_cast<std::size_t>(size_), false);
   std::vector<int> gpi2_peers;
   bool any_shm = false;

@@ -280,9 +280,6 @@ def _check_combinations(args: argparse.Namespace, command: Sequence[str]) -> Non
         raise UsageError("--dry-run cannot be combined with --cleanup")
     if not command and not args.cleanup:
         raise UsageError(f"no script given: {USAGE}")
-    if args.elastic is not None and args.transport == "gpi2":
-        raise UsageError("--elastic runs over shm and tcp (--transport auto, shm or tcp): GPI-2 starts "
-                         "once per process, so a job over it cannot re-form")
     if args.elastic is not None and args.nprocs is not None and args.elastic[0] > args.nprocs:
         raise UsageError(f"--elastic {args.elastic[0]} asks for more ranks than -n {args.nprocs} starts")
     if args.elastic is not None and args.nprocs is not None and (args.elastic[1] or args.nprocs) < args.nprocs:
