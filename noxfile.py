@@ -447,7 +447,7 @@ def comm(session: nox.Session) -> None:
     # Two workers per core: the ranks wait on rendezvous and timeouts much of the time. A job's
     # start has its own limit (TNT_START_TIMEOUT_S, at least 60 s unless a test sets it), so a
     # test's collective timeout of 1-3 s does not fail a start delayed by the load.
-    env.run("pytest", str(COMM / "tests"), "-q", "-rs", *concurrently(per_core=2), *session.posargs)
+    env.run("pytest", str(COMM / "tests"), "-q", "-rfEs", *concurrently(per_core=2), *session.posargs)
 
 
 @nox.session(venv_backend="none")
@@ -475,7 +475,7 @@ def comm_static(session: nox.Session) -> None:
         session.log("GPI2_ROOT does not name a GPI-2 installation (include/GASPI.h): the tests run over shm and TCP")
     # Three workers on 2 cores, not four: GPI-2's ranks poll (its own threads, and tnt's poller for
     # a while after each message), so more of them at once burn more CPU: 73-75 s against 81-85 s.
-    env.run("pytest", str(COMM / "tests"), "-q", "-rs", *concurrently(per_core=1.5), *session.posargs, env=static)
+    env.run("pytest", str(COMM / "tests"), "-q", "-rfEs", *concurrently(per_core=1.5), *session.posargs, env=static)
 
 
 GPI2_BUILT = "import tnt_comm; assert 'gpi2' in tnt_comm.build_info()['transports']"
@@ -492,7 +492,7 @@ def comm_gpi2(session: nox.Session) -> None:
     env = SharedEnv(session, "comm", "test")
     env.run("python", "-c", GPI2_BUILT)
     gpi2 = {"TNT_TEST_TRANSPORT": "gpi2"}
-    env.run("pytest", str(COMM / "tests"), "-q", "-rs", *concurrently(per_core=1.5), *session.posargs, env=gpi2)
+    env.run("pytest", str(COMM / "tests"), "-q", "-rfEs", *concurrently(per_core=1.5), *session.posargs, env=gpi2)
 
 
 @nox.session(venv_backend="none")
@@ -521,7 +521,7 @@ def launch(session: nox.Session) -> None:
     # signals, timeouts): on 2 cores the suite took 60 s on one worker and 30 s on four.
     # One test at a time to each worker: tests/conftest.py puts the slowest first.
     one_at_a_time = ["--maxschedchunk", "1"]
-    env.run("pytest", str(LAUNCH / "tests"), "-q", "-rs", *concurrently(per_core=2), *one_at_a_time, *session.posargs)
+    env.run("pytest", str(LAUNCH / "tests"), "-q", "-rfEs", *concurrently(per_core=2), *one_at_a_time, *session.posargs)
 
 
 @nox.session(venv_backend="none")
@@ -534,7 +534,7 @@ def keras(session: nox.Session) -> None:
     # cores, 287 s with two workers against 340 s with one (2026-11-24).
     env.run(
         "pytest",
-        *(str(KERAS / "tests"), "-q", "-rs", "--durations=10", *concurrently("loadgroup"), *session.posargs),
+        *(str(KERAS / "tests"), "-q", "-rfEs", "--durations=10", *concurrently("loadgroup"), *session.posargs),
         env=op_compiler_cache(),
     )
 
@@ -553,7 +553,7 @@ def integration(session: nox.Session) -> None:
         "pytest",
         str(ROOT / "integration"),
         "-q",
-        "-rs",
+        "-rfEs",
         "--durations=5",
         *concurrently("loadfile"),
         *session.posargs,
@@ -572,7 +572,7 @@ def perfetto(session: nox.Session) -> None:
     env.run(
         "pytest",
         str(ROOT / "integration" / "test_perfetto.py"),
-        *("-q", "-rs", *session.posargs),
+        *("-q", "-rfEs", *session.posargs),
         env={"TNT_TEST_PERFETTO_DEPS": str(PERFETTO_DEPS)},
     )
 
