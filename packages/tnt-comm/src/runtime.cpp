@@ -206,8 +206,8 @@ Runtime& Runtime::shrink() {
     const bool kept = std::find(next.ids.begin(), next.ids.end(), me) != next.ids.end();
     if (kept && static_cast<int>(next.ids.size()) < identity.elastic_min) {
       ErrorDetail detail;
-      detail.ranks = lost;
-      throw PeerFailure(lost.empty() ? -1 : lost.front(), "the job lost ranks and " + std::to_string(next.ids.size()) + " are left (" + describe(next) +
+      detail.ranks = failure.ranks;
+      throw PeerFailure(failure.ranks.empty() ? -1 : failure.ranks.front(), "the job lost ranks and " + std::to_string(next.ids.size()) + " are left (" + describe(next) +
                             "), fewer than the " + std::to_string(identity.elastic_min) +
                             " it needs (TNT_ELASTIC, tnt-launch --elastic): it ends",
                         std::move(detail));
@@ -223,13 +223,16 @@ Runtime& Runtime::shrink() {
       meet(identity, job_base, next.generation, next.ids, next.nodes, me, gone_or_given_up);
       return *g_runtime;
     } catch (const MeetingAbandoned&) {
-      lost.clear();  // another member gave up: this one saw nobody fail
+      // Another member gave up: agree again.
     } catch (const Error& e) {
       // A member was lost while the new generation met: agree again without it.
       if (e.detail().ranks.empty() || attempt >= identity.size) throw;
       meeting.abandon();
-      lost = e.detail().ranks;
     }
+    // Without accusing the ranks the meeting failed on: one may only have given up first (its
+    // links closed as it left). The members gone are known by their old links; one that is not
+    // gone but does not come is left out at the deadline.
+    lost.clear();
     now = next;
     mine = identity_in(identity, job_base, next, me);
   }

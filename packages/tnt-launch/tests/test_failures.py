@@ -7,11 +7,14 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 from conftest import RANK, STOPPED_RANK, Launcher, assert_job_gone, read_reports, running, tree
+
+from tnt_launch import _agent
 
 
 def _pids(reports: list[dict]) -> list[int]:
@@ -143,6 +146,27 @@ while not got and time.monotonic() < deadline:
     time.sleep(0.05)
 print("rank", os.environ["TNT_RANK"], "got SIGUSR1" if got else "got nothing", flush=True)
 """
+
+
+@pytest.mark.timeout(60)
+def test_a_sigusr1_that_comes_before_the_agent_knows_its_ranks_pid_still_reaches_the_rank(tmp_path: Path) -> None:
+    """The rank may run (and look ready) before its agent has recorded the PID: a signal to pass on
+    that comes in between is held until then, not dropped (it once was, under CI's load)."""
+    rank = subprocess.Popen([sys.executable, "-c", WAIT_FOR_USR1, str(tmp_path)], stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "TNT_RANK": "0"}, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "ready-0").exists():
+            assert time.monotonic() < deadline and rank.poll() is None
+            time.sleep(0.05)
+        stopper = _agent._Stopper(grace=5)
+        stopper.forward(signal.SIGUSR1)  # before attach: held
+        stopper.attach(rank.pid)
+        out, _ = rank.communicate(timeout=40)
+    finally:
+        if rank.poll() is None:
+            rank.kill()
+    assert out.strip() == "rank 0 got SIGUSR1", out
 
 
 @pytest.mark.timeout(60)

@@ -77,10 +77,16 @@ class _Stopper:
         self._forced = False
         self._done = False
         self._timer: threading.Timer | None = None
+        # Signals to pass on that came before the rank's PID was known: the rank may already run
+        # (and a test see it ready) while this agent has not yet recorded the PID Popen returned.
+        self._held: list[int] = []
 
     def attach(self, pid: int) -> None:
         with self._lock:
             self._pid = pid
+            held, self._held = self._held, []
+            for sig in held:
+                self._signal(sig)
             if self._forced:
                 self._signal(signal.SIGKILL)
             elif self._requested:
@@ -103,8 +109,13 @@ class _Stopper:
             return None if self._done else self._pid
 
     def forward(self, sig: int) -> None:
-        """Pass `sig` on to the rank's process group (a preemption warning: SIGUSR1)."""
-        self._signal(sig)
+        """Pass `sig` on to the rank's process group (a preemption warning: SIGUSR1); before the rank
+        started, once it has."""
+        with self._lock:
+            if self._pid is None and not self._done:
+                self._held.append(sig)
+                return
+            self._signal(sig)
 
     def finished(self) -> None:
         with self._lock:
