@@ -120,10 +120,7 @@ Generation agree_on_survivors(const Identity& identity, const std::string& job_b
     if (seen_lost) {
       const std::size_t before = closed.size();
       for (int r : seen_lost()) closed.insert(r);
-      if (closed.size() != before) {
-        lost.insert(closed.begin(), closed.end());
-        say_alive();
-      }
+      if (closed.size() != before) say_alive();
     }
     // Who said what: members alive (with what they accuse), and members whose process ended: the
     // launcher saw it end, or a survivor's link to it closed (also after it said it is alive).
@@ -229,6 +226,15 @@ Identity identity_in(const Identity& identity, const std::string& job_base, cons
   }
   out.job_id = job_base + "-g" + std::to_string(next.generation);
   return out;
+}
+
+std::vector<int> ranks_of(const std::vector<int>& ids, const Generation& generation) {
+  std::vector<int> ranks;
+  for (int id : ids) {
+    const auto at = std::find(generation.ids.begin(), generation.ids.end(), id);
+    if (at != generation.ids.end()) ranks.push_back(static_cast<int>(at - generation.ids.begin()));
+  }
+  return ranks;
 }
 
 std::string describe(const Generation& members) {

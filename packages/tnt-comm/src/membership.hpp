@@ -68,6 +68,9 @@ Generation decided_after(const Identity& identity, const std::string& job_base, 
 // which names the rendezvous keys and shared-memory files apart from those of earlier generations.
 Identity identity_in(const Identity& identity, const std::string& job_base, const Generation& next, int id);
 
+// The ranks in `generation` of the members `ids` that are in it.
+std::vector<int> ranks_of(const std::vector<int>& ids, const Generation& generation);
+
 // "generation 2: members 0, 1, 3" (for messages).
 std::string describe(const Generation& members);
 

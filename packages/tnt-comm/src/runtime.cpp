@@ -124,16 +124,7 @@ void Runtime::meet(const Identity& base, const std::string& job_base, int genera
   if (mine.transport == "gpi2") mine.transport = "auto";
   mine.gpi2_allowed = false;
   std::function<std::vector<int>()> gone;  // the ranks in `next` of the members gone
-  if (gone_ids) {
-    gone = [gone_ids, ids] {
-      std::vector<int> ranks;
-      for (int id : gone_ids()) {
-        const auto at = std::find(ids.begin(), ids.end(), id);
-        if (at != ids.end()) ranks.push_back(static_cast<int>(at - ids.begin()));
-      }
-      return ranks;
-    };
-  }
+  if (gone_ids) gone = [gone_ids, next] { return ranks_of(gone_ids(), next); };
   g_runtime.reset(new Runtime(std::make_shared<Job>(mine, std::move(gone)), generation, ids, job_base));
 }
 
@@ -193,14 +184,7 @@ Runtime& Runtime::shrink() {
   for (int attempt = 0;; ++attempt) {
     // Each agreement has its own deadline: after a failed meeting the survivors wait for each
     // other again, and the one that comes first must not go on alone.
-    auto seen_lost = [&now, &gone_ids] {  // the ranks in `now` of the members gone
-      std::vector<int> ranks;
-      for (int id : gone_ids()) {
-        const auto at = std::find(now.ids.begin(), now.ids.end(), id);
-        if (at != now.ids.end()) ranks.push_back(static_cast<int>(at - now.ids.begin()));
-      }
-      return ranks;
-    };
+    auto seen_lost = [&now, &gone_ids] { return ranks_of(gone_ids(), now); };
     const Generation next = agree_on_survivors(mine, job_base, now, lost, attempt == 0 ? answered : std::vector<int>{},
                                                deadline_after(identity.timeout_s), seen_lost);
     const bool kept = std::find(next.ids.begin(), next.ids.end(), me) != next.ids.end();
