@@ -610,7 +610,7 @@ def bench_cluster(session: nox.Session) -> None:
 def bench_elastic(session: nox.Session) -> None:
     """Elastic jobs: recovery time after a killed rank (tnt-comm; a Keras fit with --keras BACKEND),
     and the steady-state cost of --elastic on an allreduce loop (a Keras fit's steps with
-    --keras-steady BACKEND). Posargs go to it."""
+    --keras-steady BACKEND; whole evaluate and predict calls with --keras-calls BACKEND). Posargs go to it."""
     install_comm(session)
     session.install(str(LAUNCH), f"{KERAS}[cpu]", "-r", str(ROOT / "benchmarks" / "requirements.txt"))
     session.run("python", str(ROOT / "benchmarks" / "elastic.py"), *session.posargs, env={"PYTHONUNBUFFERED": "1"})

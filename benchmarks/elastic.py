@@ -4,10 +4,13 @@ allreduce loop, each against the same job without it, in one run; then, with --k
 recovery of a Keras fit under tnt-launch --elastic (from the death to the end of the first training
 step of the re-formed job: re-forming, restoring the epoch's variables, tracing the step again);
 with --keras-steady BACKEND, a Keras fit's step time while nothing fails, with and without --elastic
-(LeNet-5 on numpy arrays, 2 ranks: the inputs an elastic fit redoes steps of).
+(LeNet-5 on numpy arrays, 2 ranks: the inputs an elastic fit redoes steps of); with --keras-calls
+BACKEND, whole evaluate and predict calls with and without --elastic (each elastic call ends with a
+closing collective: tnt_keras/call_boundary.py).
 
     python benchmarks/elastic.py [--ranks 4] [--trials 5] [--keras torch tensorflow]
-                                 [--keras-steady tensorflow torch]  (nox -s bench_elastic)
+                                 [--keras-steady tensorflow torch] [--keras-calls torch]
+                                 (nox -s bench_elastic)
 
 Each trial starts N ranks over shared memory (one host) or TCP (every rank a host of its own) with
 `python -m tnt_comm.store` as the store that outlives them. Rank N-1 kills itself (SIGKILL) after
@@ -193,6 +196,34 @@ def keras_steady_state(backend: str, elastic: bool, folder: Path) -> list[float]
     return json.loads(out.read_text())
 
 
+CALLS = LENET.replace("SAMPLES", "512") + r"""
+model.compile(optimizer="sgd", loss=loss, metrics=["accuracy"])
+model.evaluate(x, y, batch_size=256, verbose=0)  # traced, warmed up
+evaluate, predict = [], []
+for _ in range(int(sys.argv[2])):
+    t0 = time.perf_counter()
+    model.evaluate(x, y, batch_size=256, verbose=0)
+    t1 = time.perf_counter()
+    model.predict(x, batch_size=256, verbose=0)
+    evaluate.append(t1 - t0)
+    predict.append(time.perf_counter() - t1)
+if tnt_comm.rank() == 0:
+    open(out, "w").write(json.dumps({"evaluate": evaluate, "predict": predict}))
+"""
+
+
+def keras_calls(backend: str, elastic: bool, calls: int, folder: Path) -> dict[str, list[float]]:
+    """Seconds of each of ``calls`` evaluate and predict calls (LeNet-5, 512 samples: 2 global batches),
+    2 ranks, with or without --elastic: what each call's closing collective and its bookkeeping add."""
+    script = folder / "calls.py"
+    script.write_text(CALLS)
+    out = folder / secrets.token_hex(6)
+    launch = [sys.executable, "-m", "tnt_launch", "-n", "2", "--no-gpu", *(["--elastic", "1"] if elastic else [])]
+    subprocess.run([*launch, "--", str(script), str(out), str(calls)], env={**os.environ, "KERAS_BACKEND": backend},
+                   check=True, capture_output=True, timeout=600)
+    return json.loads(out.read_text())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, default=4)
@@ -204,6 +235,9 @@ def main() -> None:
     parser.add_argument("--keras-steady", nargs="*", default=[], metavar="BACKEND",
                         help="also time a Keras fit's steps while nothing fails (LeNet-5 on numpy arrays, "
                              "2 ranks), with and without --elastic, on these backends")
+    parser.add_argument("--keras-calls", nargs="*", default=[], metavar="BACKEND",
+                        help="also time whole evaluate and predict calls (LeNet-5, 2 global batches, 2 ranks), "
+                             "with and without --elastic, on these backends")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -220,6 +254,18 @@ def main() -> None:
             print(f"Keras fit on {backend}, LeNet-5 on arrays, 2 ranks: {p:.2f} ms per step without --elastic, "
                   f"{e:.2f} ms with --elastic 1 ({(e / p - 1) * 100:+.1f}%; medians of {len(plain)} and "
                   f"{len(elastic)} steps over {args.trials} alternating passes{caveat})", flush=True)
+        for backend in args.keras_calls:
+            # Passes alternate, as above; the medians of every call.
+            runs: dict[bool, dict[str, list[float]]] = {False: {}, True: {}}
+            for _ in range(args.trials):
+                for elastic_job in (False, True):
+                    for call, seconds in keras_calls(backend, elastic_job, 100, folder).items():
+                        runs[elastic_job].setdefault(call, []).extend(seconds)
+            for call in ("evaluate", "predict"):
+                p, e = (statistics.median(runs[flag][call]) * 1e3 for flag in (False, True))
+                print(f"Keras {call} on {backend}, LeNet-5, 2 global batches, 2 ranks: {p:.2f} ms per call without "
+                      f"--elastic, {e:.2f} ms with --elastic 1 ({e - p:+.2f} ms, {(e / p - 1) * 100:+.1f}%; medians of "
+                      f"{len(runs[False][call])} calls each over {args.trials} alternating passes)", flush=True)
         for backend in args.keras:
             times = [keras_recovery(backend, folder) for _ in range(args.trials)]
             print(f"Keras fit on {backend}, 4 ranks, rank 3 killed in epoch 1: death to the next step "

@@ -1,8 +1,9 @@
 """Elastic fits (tnt-launch --elastic): ranks are killed (SIGKILL) inside a real job, before a
 training step, inside one between its gradient sum and its metric sum, at random points of steps,
-at an epoch's end, during the validation of an epoch and during a later evaluate and predict, rank
-0 and two ranks at once among them; the survivors re-form the job, redo the step (torch,
-TensorFlow) or the epoch, and end with what serial Keras ends with on the same global batches:
+at an epoch's end, during the validation of an epoch, during a later evaluate and predict and in
+the closing collectives between those calls, rank 0 and two ranks at once among them; the survivors
+re-form the job, redo the step (torch, TensorFlow), the epoch or the call, or return from a call
+every rank had finished, and end with what serial Keras ends with on the same global batches:
 weights and optimizer state, every epoch's logs in History, and the evaluate's results. Fewer ranks
 left than --elastic asks for end the job as a lost rank does without it."""
 
@@ -34,12 +35,23 @@ SCENARIOS = {
     "replacement": (["2@0:batch:2", "wait@2"], [0, 1, 2, 3], "2:4"),
     # The same, joining in the middle of epoch 1: replacements are admitted every 6 steps.
     "replacement-mid-epoch": (["2@0:batch:2", "wait@1:2"], [0, 1, 2, 3], "2:4"),
+    # Lost at the boundary between two calls, in the closing collective of one: ranks 0 and 1 are
+    # through the fit's and in the evaluate when rank 3 is lost, rank 2 still in it; then rank 0 is
+    # in the predict, rank 1 still in the evaluate's, when rank 2 is lost.
+    "call-boundaries": (["3@0:fit_end:2", "2@0:evaluate_end:1"], [0, 1], "2"),
+    # Lost in a predict that a callback makes at an epoch's end, inside the fit: the fit redoes the epoch.
+    "nested-predict": (["1@1:nested:1"], [0, 2, 3], "2"),
+    # Rank 0 lost in the fit's closing collective, every other rank in it: each had finished the fit.
+    "all-closing": (["0@0:fit_end:0"], [1, 2, 3], "2"),
 }
-EXTRA = {"replacement-mid-epoch": ("-x", "TNT_ELASTIC_ADMIT_STEPS=6")}
-CASES = [("torch", name) for name in SCENARIOS] + [
+EVERY_RANK_SAYS = ("--log-on-all-devices", "--output-on-all-devices")  # which call each survivor goes on with
+EXTRA = {"replacement-mid-epoch": ("-x", "TNT_ELASTIC_ADMIT_STEPS=6"), "call-boundaries": EVERY_RANK_SAYS,
+         "all-closing": EVERY_RANK_SAYS}
+CASES = [("torch", name) for name in SCENARIOS if name != "all-closing"] + [
     ("tensorflow", "after-gradient-sum"),  # the lost step redone, in a traced step
     ("tensorflow", "rank-0-epoch-end"),
     ("tensorflow", "replacement-mid-epoch"),
+    ("tensorflow", "all-closing"),
     ("jax", "replacement"),  # a step's loss, the re-forming and a replacement: the costliest backend once
 ]
 
@@ -85,6 +97,18 @@ def test_an_elastic_fit_that_loses_ranks_equals_serial_training(backend: str, sc
         assert members == [0, 1, 3, 4] and "joined: rank 4" in result.output, result.output[-4000:]
         joined = [2, 3] if scenario == "replacement" else [1, 2, 3]
         assert [r["epochs"] for r in reports if r["member"] == 4] == [joined]
+    if scenario == "call-boundaries":  # who returned from its call, and who began the next one again
+        for rank, call in ((2, "fit"), (1, "evaluate")):
+            said = [line for line in result.output.splitlines() if f"rank {rank}]" in line and "re-formed" in line]
+            assert any("returns from the call every rank had finished" in line for line in said), (call, said)
+        assert result.output.count("begins its call again: the other ranks had not begun it") == 3, result.output
+        assert not any(f" {again}" in result.output for again in ("trains epoch", "runs again", "evaluates again",
+                                                                  "predicts again")), result.output
+    if scenario == "nested-predict":
+        assert "the job trains epoch 2 again" in result.output and "predicts again" not in result.output, result.output
+    if scenario == "all-closing":
+        assert result.output.count("returns from the call every rank had finished") == 3, result.output
+        assert "trains epoch" not in result.output and "evaluates again" not in result.output, result.output
     if scenario == "replacement-mid-epoch":
         assert "from epoch 2, step 3 on" in result.output, result.output[-4000:]
 
@@ -113,7 +137,9 @@ def test_kills_at_random_points_of_an_elastic_fit_leave_it_equal_to_serial_train
     skip_unless_installed(backend)
     rng = random.Random(seed)
     victims = rng.sample(range(4), 3)
-    steps = rng.sample(range(2, 22), 3)  # of the 24 steps of 6 epochs: the last ones are left alone
+    # Of the 24 steps of 6 epochs, the last too: a kill timed from it may land in the last validation, the
+    # fit's closing collective, or the evaluate and predict after it.
+    steps = rng.sample(range(2, 25), 3)
     args = [f"{v}@step:{k}:{rng.uniform(0.0, 1.5):.3f}" for v, k in zip(victims, steps, strict=True)]
     result = _launch("elastic_job", 4, ("epochs=6", *args), timeout=280, backend=backend,
                      launcher_args=("--elastic", "1", "--timeout", "30"))

@@ -24,7 +24,7 @@ import numpy as np
 import tnt_comm
 from tnt_comm import contract
 
-from . import state, timeline
+from . import call_boundary, state, timeline
 from . import variables as shared_variables
 from .runtime import logger
 
@@ -111,14 +111,28 @@ def _follow_the_job(tnt_model: keras.Model, retrace: bool = True) -> None:
 
 
 def reform(tnt_model: keras.Model, error: BaseException, what: str, retrace: bool = True) -> None:
-    """After ``error`` (a lost rank): re-forms the job with the survivors and points the model's
-    hooks at it; ``what`` the caller does next, for the log line. Collective over the survivors.
-    Raises where the job cannot go on (fewer than MIN ranks, this rank left out)."""
+    """After ``error`` (a lost rank): re-forms the job with the survivors, points the model's hooks
+    at it and agrees on the call each survivor is in; ``what`` the caller does next, for the log
+    line. Collective over the survivors. Raises ``call_boundary.Behind`` or ``Ahead`` where the
+    survivors were not all in one call, and tnt-comm's errors where the job cannot go on (fewer than
+    MIN ranks, this rank left out)."""
     before = tnt_comm.size()
     lost = list(getattr(error, "ranks", ()) or ())
     with timeline.span("job re-formed without lost ranks", lost=lost, error=type(error).__name__):
         tnt_comm.shrink()
         _follow_the_job(tnt_model, retrace)
+        try:
+            call_boundary.agree()
+        except call_boundary.Behind:
+            _tell(lost, before, error, "returns from the call every rank had finished")
+            raise
+        except call_boundary.Ahead:
+            _tell(lost, before, error, "begins its call again: the other ranks had not begun it")
+            raise
+    _tell(lost, before, error, what)
+
+
+def _tell(lost: list[int], before: int, error: BaseException, what: str) -> None:
     generation, members = tnt_comm.membership()
     logger.warning(
         "lost rank(s) %s of %d (%s); the job re-formed with %d rank(s) (generation %d: members %s) and %s",
@@ -137,18 +151,21 @@ def grown(tnt_model: keras.Model, epoch: int, step: int, before: int) -> tuple[i
         "%d replacement rank(s) joined; the job has %d rank(s) (generation %d: members %s) from epoch %d, step %d on",
         tnt_comm.size() - before, tnt_comm.size(), generation, ", ".join(map(str, members)), epoch + 1, step + 1,
     )
-    epoch, step = (int(v) for v in tnt_comm.broadcast(np.array([epoch, step], np.int64), root=0))
+    here = np.array([epoch, step, call_boundary.closed()], np.int64)
+    epoch, step, _ = (int(v) for v in tnt_comm.broadcast(here, root=0))
     return epoch, step
 
 
 def joined_at(first_epoch: int) -> tuple[int, int]:
-    """In a replacement's first fit: the epoch and step the job is at, from rank 0 (``grown``'s
-    broadcast); elsewhere ``first_epoch``'s start."""
+    """In a replacement's first fit: the epoch and step the job is at, and the calls it has closed,
+    from rank 0 (``grown``'s broadcast); elsewhere ``first_epoch``'s start."""
     global _joined
     if _joined or JOIN not in os.environ:
         return first_epoch, 0
     _joined = True
-    epoch, step = (int(v) for v in tnt_comm.broadcast(np.array([first_epoch, 0], np.int64), root=0))
+    here = np.array([first_epoch, 0, 0], np.int64)
+    epoch, step, closed = (int(v) for v in tnt_comm.broadcast(here, root=0))
+    call_boundary.joined(closed)
     return epoch, step
 
 

@@ -25,6 +25,7 @@ import tnt_comm
 
 from . import (
     backends,
+    call_boundary,
     configs,
     elastic,
     files,
@@ -457,7 +458,14 @@ class Model(keras.Model):
 
         if not elastic.enabled():
             return run(*datasets(), initial_epoch, False, [])
-        return self._fit_elastically(datasets, run, initial_epoch, class_weight, steps_per_epoch)
+        with call_boundary.nested() as inside_another:
+            if inside_another:  # part of the call around it, which recovers it
+                return run(*datasets(), initial_epoch, False, [])
+            while True:
+                try:
+                    return self._fit_elastically(datasets, run, initial_epoch, class_weight, steps_per_epoch)
+                except call_boundary.Ahead:
+                    continue  # the others had not begun this fit when the job re-formed: it begins again
 
     def _fit_elastically(
         self, datasets: Callable[[], Any], run: Callable[..., Any], initial_epoch: int, class_weight: Any,
@@ -479,11 +487,18 @@ class Model(keras.Model):
             epoch_start.resume = (first, resume.step)
             redo = step_redo.attach(self, ds, val_ds, class_weight, epoch_start, resume, steps_per_epoch)
             resume = step_redo.Resume()
+            finished = None
             try:
-                return done.into(run(ds, val_ds, first, resuming, [epoch_start]))
+                finished = run(ds, val_ds, first, resuming, [epoch_start])
+                call_boundary.close()
+                return done.into(finished)
             except (elastic.Reformed, *elastic.FAILURES) as e:
                 attempt = getattr(self._model, "history", None)
-                first = self._back_to_an_epoch(e, redo, epoch_start, first)
+                try:
+                    first = self._back_to_an_epoch(e, redo, epoch_start, first)
+                except call_boundary.Behind:  # lost in the closing collective, after every rank had finished
+                    assert finished is not None
+                    return done.into(finished)
             except elastic.Grown as e:
                 attempt = getattr(self._model, "history", None)
                 first, step = elastic.grown(self, e.epoch, e.step, state.of(self).size)
@@ -553,14 +568,33 @@ class Model(keras.Model):
 
     def _again_after_a_loss(self, run: Callable[[], Any], what: str) -> Any:
         """``run()``; in an elastic job that loses a rank meanwhile, the survivors re-form the job and
-        run it again (``what`` they do, for the log line)."""
-        while True:
-            try:
+        run it again (``what`` they do, for the log line), unless every rank had finished it
+        (call_boundary.py)."""
+        if not elastic.enabled():
+            return run()
+        with call_boundary.nested() as inside_another:
+            if inside_another:  # part of the call around it, which recovers it
                 return run()
-            except elastic.FAILURES as e:
-                if not elastic.enabled():
-                    raise
-                elastic.reform(self, e, what)
+            while True:
+                finished, done = None, False
+                try:
+                    finished = run()
+                    done = True
+                    call_boundary.close()
+                    return finished
+                except elastic.FAILURES as e:
+                    error: BaseException = e
+                while True:  # a rank lost while the job re-forms: it re-forms again
+                    try:
+                        elastic.reform(self, error, what)
+                        break
+                    except call_boundary.Behind:  # lost in the closing collective: every rank had finished
+                        assert done
+                        return finished
+                    except call_boundary.Ahead:  # the others had not begun this call: it begins again
+                        break
+                    except elastic.FAILURES as again:
+                        error = again
 
     def predict(
         self,

@@ -7,8 +7,12 @@ generation, WHERE one of "batch" (before training batch BATCH of epoch EPOCH), "
 stopped by SIGSTOP instead: the others time out, and tnt-launch ends it), "metrics" (inside
 training batch BATCH of epoch EPOCH, after its gradient sum, before its metric sum), "epoch_end" (at
 the end of epoch EPOCH, after its validation), "validation" (before validation batch BATCH of epoch
-EPOCH), "evaluate" (before batch BATCH of the evaluate after the fit) and "predict" (before batch
-BATCH of the predict after that); or MEMBER@step:K:F, killed
+EPOCH), "evaluate" (before batch BATCH of the evaluate after the fit), "predict" (before batch
+BATCH of the predict after that), "nested" (before batch BATCH of a predict that every rank makes
+at the end of epoch EPOCH, inside the fit), "fit_end" or "evaluate_end" (in the closing collective of the fit
+or of the evaluate after it, which the job then makes of sends and receives: member MEMBER takes
+every rank's part, answers the first BATCH other ranks, which go on to the next call, and is killed
+before it answers the rest, which fail in it; in whatever generation it then is); or MEMBER@step:K:F, killed
 F times the length of its last step after its K-th training batch began (redone ones counted too),
 wherever it is then. "epochs=N" trains N epochs (default 4). "wait@EPOCH[:BATCH]": every rank
 waits at the start of epoch EPOCH (or of its training batch BATCH) until a replacement rank
@@ -28,6 +32,7 @@ import numpy as np
 import tnt_comm
 import tnt_keras as tnt
 from _job import report
+from tnt_keras import call_boundary
 
 EPOCHS, BATCH = 4, 24
 for arg in sys.argv[1:]:
@@ -50,6 +55,36 @@ for arg in [a for a in sys.argv[1:] if "@" in a]:
         continue
     kills.append((int(member), int(epoch), where, int(batch[0]) if batch else 0))
 member = tnt_comm.membership()[1][tnt_comm.rank()]  # its rank in the first generation, or its id as a replacement
+CLOSING = {"fit_end": 0, "evaluate_end": 1}  # the calls whose closing collective a kill may name, by count
+real_closing = call_boundary._closing_collective
+
+
+def scripted_closing(count: int) -> None:
+    """The closing collective of the call a kill names, as sends and receives whose order the test
+    sets (it still passes on a rank only once every rank entered it); any other, the real one."""
+    members = tnt_comm.membership()[1]
+    named = [(who, answered) for who, _, at, answered in kills if CLOSING.get(at) == count and who in members]
+    if not named:
+        return real_closing(count)
+    who, answered = named[0]
+    victim = members.index(who)
+    others = [r for r in range(tnt_comm.size()) if r != victim]
+    part = np.zeros(1, np.int64)
+    if tnt_comm.rank() != victim:
+        tnt_comm.send(np.array([count], np.int64), victim)
+        tnt_comm.recv(part, victim)  # the ranks not answered fail here
+        tnt_comm.send(part, victim)  # received: the victim may die
+        return None
+    for r in others:
+        tnt_comm.recv(part, r)
+    for r in others[:answered]:
+        tnt_comm.send(part, r)
+    for r in others[:answered]:
+        tnt_comm.recv(part, r)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+call_boundary._closing_collective = scripted_closing
 
 
 class WatchedMae(keras.metrics.MeanAbsoluteError):
@@ -94,6 +129,7 @@ class Killer(keras.callbacks.Callback):
         super().__init__()
         self.epoch, self.batch, self.evaluating, self.training, self.armed = -1, 0, False, False, True
         self.began, self.last_began, self.step_seconds = 0, None, 0.0
+        self.nested = False
 
     def _maybe(self, where: str, batch: int = 0) -> None:
         if tnt_comm.membership()[0] != 0 or not self.armed:
@@ -139,9 +175,14 @@ class Killer(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         self._maybe("epoch_end")
+        if any(at == "nested" and at_epoch == epoch for _, at_epoch, at, _ in kills):
+            self.nested = True  # a predict inside the fit, on every rank: part of the fit
+            watched = [tnt.callbacks.Callback(self, aggregate_logs=False)]
+            model.predict(x_val, batch_size=BATCH, verbose=0, callbacks=watched)
+            self.nested = False
 
     def on_predict_batch_begin(self, batch, logs=None):
-        self._maybe("predict", batch)
+        self._maybe("nested" if self.nested else "predict", batch)
 
     def on_test_batch_begin(self, batch, logs=None):
         self._maybe("evaluate" if self.evaluating else "validation", batch)
