@@ -242,18 +242,26 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         for backend in args.keras_steady:
-            # Passes alternate, so that the machine's drift reaches both alike; medians of every step.
+            # Medians of every step, and of each pass.
             plain: list[float] = []
             elastic: list[float] = []
-            for _ in range(args.trials):
-                plain += keras_steady_state(backend, False, folder)
-                elastic += keras_steady_state(backend, True, folder)
+            pairs: list[float] = []  # each pair of neighbouring passes: with over without, per-pass medians
+            for trial in range(args.trials):
+                order = (False, True) if trial % 2 == 0 else (True, False)  # ABBA: a drift reaches both alike
+                runs = {flag: keras_steady_state(backend, flag, folder) for flag in order}
+                without, with_elastic = runs[False], runs[True]
+                plain += without
+                elastic += with_elastic
+                pairs.append(statistics.median(with_elastic) / statistics.median(without) - 1)
             p, e = statistics.median(plain) * 1e3, statistics.median(elastic) * 1e3
             # Keras-JAX dispatches a step and goes on: its callbacks time the dispatches, not the steps.
             caveat = "; JAX: the times between dispatches, not the steps" if backend == "jax" else ""
+            quartiles = statistics.quantiles(pairs, n=4) if len(pairs) > 1 else pairs * 3
             print(f"Keras fit on {backend}, LeNet-5 on arrays, 2 ranks: {p:.2f} ms per step without --elastic, "
                   f"{e:.2f} ms with --elastic 1 ({(e / p - 1) * 100:+.1f}%; medians of {len(plain)} and "
-                  f"{len(elastic)} steps over {args.trials} alternating passes{caveat})", flush=True)
+                  f"{len(elastic)} steps over {args.trials} alternating passes{caveat}); pass by pass: median "
+                  f"{statistics.median(pairs) * 100:+.1f}%, quartiles {quartiles[0] * 100:+.1f}% and "
+                  f"{quartiles[2] * 100:+.1f}%, range {min(pairs) * 100:+.1f}% to {max(pairs) * 100:+.1f}%", flush=True)
         for backend in args.keras_calls:
             # Passes alternate, as above; the medians of every call.
             runs: dict[bool, dict[str, list[float]]] = {False: {}, True: {}}
