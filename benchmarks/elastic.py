@@ -149,14 +149,30 @@ model.fit(x, y, batch_size=256, epochs=3, shuffle=False, verbose=0,
 """
 
 
+def keras_job(code: str, backend: str, launcher_args: tuple[str, ...], folder: Path, *args: str) -> Path:
+    """Runs ``code`` under tnt-launch on Keras' ``backend``; returns the path it writes its results to
+    (its first argument; more of them after it)."""
+    script = folder / f"{secrets.token_hex(6)}.py"
+    script.write_text(code)
+    out = folder / secrets.token_hex(6)
+    launch = [sys.executable, "-m", "tnt_launch", "--no-gpu", *launcher_args]
+    subprocess.run([*launch, "--", str(script), str(out), *args], env={**os.environ, "KERAS_BACKEND": backend},
+                   check=True, capture_output=True, timeout=600)
+    return out
+
+
+def two_ranks(elastic: bool) -> tuple[str, ...]:
+    return ("-n", "2", *(["--elastic", "1"] if elastic else []))
+
+
+def abba(trial: int) -> tuple[bool, bool]:
+    """Whether a pass runs without --elastic first or second: ABBA, so that a drift reaches both alike."""
+    return (False, True) if trial % 2 == 0 else (True, False)
+
+
 def keras_recovery(backend: str, folder: Path) -> float:
     """Seconds from rank 3's death to the last survivor's first step in the re-formed job."""
-    script = folder / "fit.py"
-    script.write_text(FIT)
-    out = folder / secrets.token_hex(6)
-    launch = [sys.executable, "-m", "tnt_launch", "-n", "4", "--no-gpu", "--elastic", "2", "--timeout", "60"]
-    subprocess.run([*launch, "--", str(script), str(out)], env={**os.environ, "KERAS_BACKEND": backend},
-                   check=True, capture_output=True, timeout=600)
+    out = keras_job(FIT, backend, ("-n", "4", "--elastic", "2", "--timeout", "60"), folder)
     death = float(Path(f"{out}.death").read_text())
     return max(float(Path(f"{out}.{m}").read_text()) for m in range(3)) - death
 
@@ -187,13 +203,7 @@ if tnt_comm.rank() == 0:
 
 def keras_steady_state(backend: str, elastic: bool, folder: Path) -> list[float]:
     """Step times (begin to begin, epochs 2-4) of LeNet-5 on numpy arrays, 2 ranks, with or without --elastic."""
-    script = folder / "steady.py"
-    script.write_text(STEADY)
-    out = folder / secrets.token_hex(6)
-    launch = [sys.executable, "-m", "tnt_launch", "-n", "2", "--no-gpu", *(["--elastic", "1"] if elastic else [])]
-    subprocess.run([*launch, "--", str(script), str(out)], env={**os.environ, "KERAS_BACKEND": backend},
-                   check=True, capture_output=True, timeout=600)
-    return json.loads(out.read_text())
+    return json.loads(keras_job(STEADY, backend, two_ranks(elastic), folder).read_text())
 
 
 CALLS = LENET.replace("SAMPLES", "512") + r"""
@@ -215,13 +225,7 @@ if tnt_comm.rank() == 0:
 def keras_calls(backend: str, elastic: bool, calls: int, folder: Path) -> dict[str, list[float]]:
     """Seconds of each of ``calls`` evaluate and predict calls (LeNet-5, 512 samples: 2 global batches),
     2 ranks, with or without --elastic: what each call's closing collective and its bookkeeping add."""
-    script = folder / "calls.py"
-    script.write_text(CALLS)
-    out = folder / secrets.token_hex(6)
-    launch = [sys.executable, "-m", "tnt_launch", "-n", "2", "--no-gpu", *(["--elastic", "1"] if elastic else [])]
-    subprocess.run([*launch, "--", str(script), str(out), str(calls)], env={**os.environ, "KERAS_BACKEND": backend},
-                   check=True, capture_output=True, timeout=600)
-    return json.loads(out.read_text())
+    return json.loads(keras_job(CALLS, backend, two_ranks(elastic), folder, str(calls)).read_text())
 
 
 def main() -> None:
@@ -247,8 +251,7 @@ def main() -> None:
             elastic: list[float] = []
             pairs: list[float] = []  # each pair of neighbouring passes: with over without, per-pass medians
             for trial in range(args.trials):
-                order = (False, True) if trial % 2 == 0 else (True, False)  # ABBA: a drift reaches both alike
-                runs = {flag: keras_steady_state(backend, flag, folder) for flag in order}
+                runs = {flag: keras_steady_state(backend, flag, folder) for flag in abba(trial)}
                 without, with_elastic = runs[False], runs[True]
                 plain += without
                 elastic += with_elastic
@@ -263,10 +266,10 @@ def main() -> None:
                   f"{statistics.median(pairs) * 100:+.1f}%, quartiles {quartiles[0] * 100:+.1f}% and "
                   f"{quartiles[2] * 100:+.1f}%, range {min(pairs) * 100:+.1f}% to {max(pairs) * 100:+.1f}%", flush=True)
         for backend in args.keras_calls:
-            # Passes alternate, as above; the medians of every call.
+            # Passes alternate ABBA, as above; the medians of every call.
             runs: dict[bool, dict[str, list[float]]] = {False: {}, True: {}}
-            for _ in range(args.trials):
-                for elastic_job in (False, True):
+            for trial in range(args.trials):
+                for elastic_job in abba(trial):
                     for call, seconds in keras_calls(backend, elastic_job, 100, folder).items():
                         runs[elastic_job].setdefault(call, []).extend(seconds)
             for call in ("evaluate", "predict"):
