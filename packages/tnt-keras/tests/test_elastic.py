@@ -19,8 +19,8 @@ pytestmark = pytest.mark.by_backend
 
 # (elastic_job.py's arguments, the ranks whose reports stand: their TNT_RANK, which a replacement
 # takes from the rank it replaces, and --elastic): torch runs all of them; TensorFlow a rank lost
-# after the gradient sum, rank 0's loss and a replacement joining mid-epoch, JAX (whose jobs cost
-# the most: compiling) a replacement at an epoch's start.
+# after the gradient sum, rank 0's loss, a replacement joining mid-epoch and the calls' boundaries, JAX
+# (whose jobs cost the most: compiling) a replacement at an epoch's start and the calls' boundaries.
 SCENARIOS = {
     "step": (["1@1:batch:2"], [0, 2, 3], "2"),
     # Killed after the step's gradient sum: the survivors' updates must not have been applied yet.
@@ -48,7 +48,9 @@ CASES = [("torch", name) for name in SCENARIOS] + [
     ("tensorflow", "after-gradient-sum"),  # the lost step redone, in a traced step
     ("tensorflow", "rank-0-epoch-end"),
     ("tensorflow", "replacement-mid-epoch"),
+    ("tensorflow", "between-calls"),  # the calls' boundaries, with the closing collectives after traced steps
     ("jax", "replacement"),  # a step's loss, the re-forming and a replacement: the costliest backend once
+    ("jax", "between-calls"),  # the closing collectives after steps Keras-JAX dispatched asynchronously
 ]
 
 
