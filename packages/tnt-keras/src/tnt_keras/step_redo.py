@@ -104,6 +104,8 @@ class StepRedo:
         self.metric_variables: list[Any] = []  # known once the fit built the model and its metrics
         self.small: list[Any] = []
         self.step_sums: metrics.StepSums | None = None
+        self.original: Callable[[Any], Any] | None = None  # Keras' train function, which install() wraps
+        self.wrapper: Callable[[Any], Any] | None = None
         # Where Keras hands the step its epoch's iterator (TensorFlow), the batch is drawn here:
         self.iterator: Any = None  # the epoch's iterator
         self.drawn = 0  # how many batches of it were drawn
@@ -127,7 +129,9 @@ class StepRedo:
             self.model.train_function = None
         self.model.make_train_function()
         original = self.model.train_function
-        self.model.train_function = lambda data: self._run(original, data)
+        self.original = original
+        self.wrapper = lambda data: self._run(original, data)
+        self.model.train_function = self.wrapper
         reset_metrics = self.model.reset_metrics
 
         def reset() -> None:  # each epoch (and its validation) starts the metrics from zero
@@ -137,7 +141,14 @@ class StepRedo:
         self.model.reset_metrics = reset
 
     def uninstall(self) -> None:
+        """Puts Keras' train function back, for the next attempt or the next fit to wrap anew. Left
+        in place (Keras keeps a train function across fits, and a rank whose failure in a step sent
+        the job back to the epoch's start keeps the one it had: that re-forming did not retrace
+        it), it would run inside the next wrapper and catch the step failures that one must see,
+        then redo them with this attempt's data and count of steps."""
         vars(self.model).pop("reset_metrics", None)
+        if self.model.train_function is self.wrapper:
+            self.model.train_function = self.original
 
     def _batch(self, data: Any) -> tuple[list[Any], int]:
         """The step's batches, as the train function takes them, and the index of its global batch.

@@ -14,7 +14,9 @@ or of the evaluate after it, which the job then makes of sends and receives: mem
 every rank's part, answers the first BATCH other ranks, which go on to the next call, and is killed
 before it answers the rest, which fail in it; in whatever generation it then is); or MEMBER@step:K:F, killed
 F times the length of its last step after its K-th training batch began (redone ones counted too),
-wherever it is then. "epochs=N" trains N epochs (default 4). "wait@EPOCH[:BATCH]": every rank
+wherever it is then. "epochs=N" trains N epochs (default 4); "first_fit=E" trains them in two
+fits, the first to epoch E, the second on from there (the History reported is the second's, which
+must not be disturbed by what the first left behind). "wait@EPOCH[:BATCH]": every rank
 waits at the start of epoch EPOCH (or of its training batch BATCH) until a replacement rank
 (tnt-launch --elastic MIN:MAX) has asked the job's store to join, so that it joins the fit there.
 Every rank that is left writes its report."""
@@ -34,10 +36,12 @@ import tnt_keras as tnt
 from _job import report
 from tnt_keras import call_boundary
 
-EPOCHS, BATCH = 4, 24
+EPOCHS, BATCH, FIRST_FIT = 4, 24, 0
 for arg in sys.argv[1:]:
     if arg.startswith("epochs="):
         EPOCHS = int(arg.split("=")[1])
+    if arg.startswith("first_fit="):
+        FIRST_FIT = int(arg.split("=")[1])
 x = np.random.RandomState(0).rand(96, 8).astype("float32")
 y = (x.sum(axis=1, keepdims=True) > 4).astype("float32")
 x_val, y_val = x[:48] * 0.5, y[:48]
@@ -190,8 +194,10 @@ class Killer(keras.callbacks.Callback):
 
 killer = Killer()
 model = tnt.Model(build())
-history = model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
-                    validation_data=(x_val, y_val), callbacks=[tnt.callbacks.Callback(killer, aggregate_logs=False)])
+for first, last in ([(0, FIRST_FIT)] if FIRST_FIT else []) + [(FIRST_FIT, EPOCHS)]:
+    history = model.fit(x, y, batch_size=BATCH, epochs=last, initial_epoch=first, shuffle=False, verbose=0,
+                        validation_data=(x_val, y_val),
+                        callbacks=[tnt.callbacks.Callback(killer, aggregate_logs=False)])
 killer.evaluating = True
 evaluated = model.evaluate(x_val, y_val, batch_size=BATCH, verbose=0, return_dict=True,
                            callbacks=[tnt.callbacks.Callback(killer, aggregate_logs=False)])
