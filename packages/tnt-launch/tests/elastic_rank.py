@@ -42,3 +42,5 @@ report = {"member": member, "rank": tc.rank(), "size": tc.size(), "generation": 
           "members": members, "failures": failures, "steps": i, "first": first,
           "last": sorted(set(tc.transports()) - {"self"})}
 (args.reports / f"member-{member}.json").write_text(json.dumps(report))
+if tc.rank() == 0:  # what tnt-launch shows: the output of rank 0, whichever process that is now
+    print(f"rank 0 of generation {generation} is member {member}", flush=True)

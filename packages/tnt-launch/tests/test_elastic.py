@@ -49,6 +49,9 @@ def test_the_job_goes_on_without_lost_ranks(victims: list[int], transport: str, 
     for victim in victims:
         assert f"rank {victim} (host localhost, local rank {victim}) is lost: it was killed by signal 9" in done.stderr
     assert f"finished on {len(survivors)} rank(s); lost on the way: " in done.stderr, done.stderr
+    # Rank 0's output is shown, and only its: once rank 0 is lost, the survivor that took its place.
+    assert re.findall(r"rank 0 of generation \d+ is member \d+", done.stdout) == [
+        f"rank 0 of generation {reports[0]['generation']} is member {survivors[0]}"], done.stdout
     assert_job_gone(job_id_of(done.stderr))
 
 

@@ -50,6 +50,7 @@ class ElasticStore:
         self._clients: dict[int, _Client] = {}
         self._marks: list[tuple[bytes, bytes]] = []
         self._decisions: list[tuple[int, list[int]]] = []
+        self._newest = (0, 0)  # the newest generation the survivors agreed on, and its rank 0's member id
         self._lock = threading.Lock()
         self._listener = socket.create_server((host, port), backlog=128, reuse_port=False)
         self._listener.setblocking(False)
@@ -80,6 +81,12 @@ class ElasticStore:
         with self._lock:
             decisions, self._decisions = self._decisions, []
         return decisions
+
+    def first_member(self) -> int:
+        """The member id of rank 0 in the newest generation (0 until the job first re-forms): the
+        rank whose output tnt-launch shows, which is another process once rank 0 is lost."""
+        with self._lock:
+            return self._newest[1]
 
     def close(self) -> None:
         self._stop = True
@@ -251,6 +258,8 @@ class ElasticStore:
             return
         with self._lock:
             self._decisions.append((generation, members))
+            if members and generation > self._newest[0]:
+                self._newest = (generation, members[0])
 
     def _apply_marks(self) -> None:
         with self._lock:

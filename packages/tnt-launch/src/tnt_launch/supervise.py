@@ -179,7 +179,12 @@ class Supervisor:
     # -- output -----------------------------------------------------------------------------
 
     def _live(self, run: RankRun) -> bool:
-        return self.config.output_on_all_devices or run.spec.rank == 0
+        """Whether `run`'s output is shown as it comes: every rank's with --output-on-all-devices,
+        else rank 0's, which in an elastic job that lost it is a survivor's (asked at every chunk:
+        the new rank 0 may write before this loop has read the decision that made it so)."""
+        if self.config.output_on_all_devices:
+            return True
+        return run.spec.rank == (self.store.first_member() if self.store is not None else 0)
 
     def _prefix(self, run: RankRun) -> bytes:
         return f"[rank {run.spec.rank}] ".encode()
