@@ -16,7 +16,9 @@ before it answers the rest, which fail in it; in whatever generation it then is)
 F times the length of its last step after its K-th training batch began (redone ones counted too),
 wherever it is then. "epochs=N" trains N epochs (default 4); "first_fit=E" trains them in two
 fits, the first to epoch E, the second on from there (the History reported is the second's, which
-must not be disturbed by what the first left behind). "wait@EPOCH[:BATCH]": every rank
+must not be disturbed by what the first left behind); "data=tfdata|pydataset|dataloader" trains
+on the arrays' global batches in one of those; "model=syncbn" puts a SyncBatchNormalization into
+the model; "class_weight" weights class 1 three times class 0. "wait@EPOCH[:BATCH]": every rank
 waits at the start of epoch EPOCH (or of its training batch BATCH) until a replacement rank
 (tnt-launch --elastic MIN:MAX) has asked the job's store to join, so that it joins the fit there.
 Every rank that is left writes its report."""
@@ -36,12 +38,18 @@ import tnt_keras as tnt
 from _job import report
 from tnt_keras import call_boundary
 
-EPOCHS, BATCH, FIRST_FIT = 4, 24, 0
+EPOCHS, BATCH, FIRST_FIT, DATA, MODEL, WEIGHTS = 4, 24, 0, "arrays", "dense", None
 for arg in sys.argv[1:]:
     if arg.startswith("epochs="):
         EPOCHS = int(arg.split("=")[1])
     if arg.startswith("first_fit="):
         FIRST_FIT = int(arg.split("=")[1])
+    if arg.startswith("data="):
+        DATA = arg.split("=")[1]
+    if arg.startswith("model="):
+        MODEL = arg.split("=")[1]
+    if arg == "class_weight":
+        WEIGHTS = {0: 1.0, 1: 3.0}
 x = np.random.RandomState(0).rand(96, 8).astype("float32")
 y = (x.sum(axis=1, keepdims=True) > 4).astype("float32")
 x_val, y_val = x[:48] * 0.5, y[:48]
@@ -104,9 +112,16 @@ class WatchedMae(keras.metrics.MeanAbsoluteError):
         return super().update_state(*args, **kwargs)
 
 
-def build() -> keras.Model:
+def build(serial: bool = False) -> keras.Model:
+    """Dense, Dense; with "model=syncbn" a SyncBatchNormalization between them (its serial reference:
+    BatchNormalization), whose moving statistics a lost step's forward pass has already changed."""
     keras.utils.set_random_seed(7)
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
+    if MODEL == "syncbn":
+        norm = keras.layers.BatchNormalization(momentum=0.8) if serial else tnt.SyncBatchNormalization(momentum=0.8)
+        hidden = [keras.layers.Dense(16, use_bias=False), norm, keras.layers.Activation("relu")]
+    else:
+        hidden = [keras.layers.Dense(16, activation="relu")]
+    model = keras.Sequential([keras.Input((8,)), *hidden, keras.layers.Dense(1)])
     model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=[WatchedMae(name="mae")])
     return model
 
@@ -194,8 +209,38 @@ class Killer(keras.callbacks.Callback):
 
 killer = Killer()
 model = tnt.Model(build())
+
+
+class Batches(keras.utils.PyDataset):
+    """The training arrays' batches, in order."""
+
+    def __len__(self):
+        return len(x) // BATCH
+
+    def __getitem__(self, i):
+        return x[i * BATCH:(i + 1) * BATCH], y[i * BATCH:(i + 1) * BATCH]
+
+
+def training_data() -> dict:
+    """What fit trains on: the arrays themselves, or their global batches in order as a tf.data
+    pipeline, a PyDataset or a torch DataLoader ("data=tfdata|pydataset|dataloader")."""
+    if DATA == "tfdata":
+        import tensorflow as tf
+
+        return {"x": tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)}
+    if DATA == "pydataset":
+        return {"x": Batches()}
+    if DATA == "dataloader":
+        import torch
+
+        return {"x": torch.utils.data.DataLoader(
+            torch.utils.data.TensorDataset(torch.from_numpy(x), torch.from_numpy(y)), batch_size=BATCH)}
+    return {"x": x, "y": y, "batch_size": BATCH}
+
+
 for first, last in ([(0, FIRST_FIT)] if FIRST_FIT else []) + [(FIRST_FIT, EPOCHS)]:
-    history = model.fit(x, y, batch_size=BATCH, epochs=last, initial_epoch=first, shuffle=False, verbose=0,
+    history = model.fit(**training_data(), epochs=last, initial_epoch=first, shuffle=False, verbose=0,
+                        class_weight=WEIGHTS,
                         validation_data=(x_val, y_val),
                         callbacks=[tnt.callbacks.Callback(killer, aggregate_logs=False)])
 killer.evaluating = True
@@ -205,9 +250,10 @@ predicted = model.predict(x_val, batch_size=BATCH, verbose=0,
                           callbacks=[tnt.callbacks.Callback(killer, aggregate_logs=False)])
 killer.armed = False
 
-serial = build()
+serial = build(serial=True)
 serial_history = serial.fit(
-    x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0, validation_data=(x_val, y_val)
+    x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0, validation_data=(x_val, y_val),
+    class_weight=WEIGHTS,
 )
 serial_evaluated = serial.evaluate(x_val, y_val, batch_size=BATCH, verbose=0, return_dict=True)
 serial_predicted = serial.predict(x_val, batch_size=BATCH, verbose=0)
