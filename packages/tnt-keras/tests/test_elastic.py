@@ -1,7 +1,8 @@
 """Elastic fits (tnt-launch --elastic): ranks are killed (SIGKILL) inside a real job, before a
 training step, inside one between its gradient sum and its metric sum, at random points of steps,
 at an epoch's end, during the validation of an epoch, during a later evaluate and predict and in
-the closing collectives between those calls, rank 0 and two ranks at once among them; the survivors
+the closing collectives between those calls, rank 0 and two ranks at once among them, in a second
+fit of the model too, and on a PyDataset, a DataLoader and a tf.data pipeline as well as arrays; the survivors
 re-form the job, redo the step (torch, TensorFlow), the epoch or the call, or return from a call
 every rank had finished, and end with what serial Keras ends with on the same global batches:
 weights and optimizer state, every epoch's logs in History, and the evaluate's results. Fewer ranks
