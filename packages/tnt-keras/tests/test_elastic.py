@@ -94,6 +94,8 @@ def test_an_elastic_fit_that_loses_ranks_equals_serial_training(backend: str, sc
         assert report["members"] == members and report["size"] == len(slots) and report["generation"] >= 1
         # A replacement's History begins with the epoch it joined at.
         assert report["epochs"] == report["serial_epochs"][-len(report["epochs"]):] and report["epochs"][-1] == 3
+        # Callbacks see each epoch end once, also one at whose end a rank was lost.
+        assert report["ends"] == list(range(report["ends"][0], 4)), report["ends"]
         assert report["variables_error"] <= TOL * max(1.0, report["scale"]), report
         for key, values in report["serial_history"].items():
             got = report["history"][key]
@@ -169,6 +171,7 @@ def test_kills_at_random_points_of_an_elastic_fit_leave_it_equal_to_serial_train
     assert "finished on 1 rank(s)" in result.output, context
     (survivor,) = [r for r in result.ranks if r]
     assert survivor["serial_epochs"] == list(range(6)) and survivor["epochs"] == list(range(first_fit, 6)), context
+    assert survivor["ends"] == list(range(6)), (survivor["ends"], context)
     assert survivor["variables_error"] <= TOL * max(1.0, survivor["scale"]), context
     for key, values in survivor["serial_history"].items():  # the last fit's History: its epochs
         got = survivor["history"][key]

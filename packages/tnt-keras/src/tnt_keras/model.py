@@ -56,9 +56,11 @@ def _accepts_keyword(function: Callable[..., Any], name: str) -> bool:
 
 
 def _with_preemption_watch(callbacks: list[keras.callbacks.Callback]) -> list[keras.callbacks.Callback]:
-    """``fit``'s callbacks and, last, the watch that turns a preemption signal into a stop after the
-    epoch on every rank (preemption.py), and the timeline's step recorder where it is on."""
-    return [*callbacks, preemption.watch(callbacks), *timeline.callbacks()]
+    """``fit``'s callbacks between the ranks' agreement on a preemption signal at each epoch's end
+    (first) and the watch that turns it into a stop after the epoch on every rank (last;
+    preemption.py), then the timeline's step recorder where it is on."""
+    watch = preemption.watch(callbacks)
+    return [watch.agreement, *callbacks, watch, *timeline.callbacks()]
 
 
 def _warn_if_diverged(model: keras.Model) -> None:

@@ -87,14 +87,33 @@ def install() -> None:
             _previous[sig] = signal.signal(sig, _on_signal)
 
 
+class Agreement(keras.callbacks.Callback):
+    """Added first to every ``fit``'s callbacks: agrees at each epoch's end whether any rank got a
+    preemption signal, for the ``Watch`` at the end of the list to act on. First, so that in an
+    elastic job a rank lost in this collective sends the survivors back to the epoch's start before
+    any callback of the user has seen the epoch end (seeing it twice, a ReduceLROnPlateau or an
+    EarlyStopping would count the epoch twice)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.anyone = False  # whether a rank got a signal, as agreed at the last epoch's end
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        flag = np.array([1 if _state["requested"] else 0], np.int32)
+        if tnt_comm.size() > 1:
+            flag = tnt_comm.allreduce(flag, op="max")
+        self.anyone = bool(flag[0])
+
+
 class Watch(keras.callbacks.Callback):
-    """Added last to every ``fit``'s callbacks: agrees at each epoch's end whether any rank got a
-    preemption signal, and then stops training. ``backups`` are the BackupAndRestore callbacks of
-    that ``fit``."""
+    """Added last to every ``fit``'s callbacks: stops training after an epoch at whose end any rank
+    had got a preemption signal (``agreement``, first in the list, asks). ``backups`` are the
+    BackupAndRestore callbacks of that ``fit``."""
 
     def __init__(self, backups: list[keras.callbacks.BackupAndRestore]) -> None:
         super().__init__()
         self.backups = backups
+        self.agreement = Agreement()
         self._kept: list[tuple[keras.callbacks.BackupAndRestore, bool]] = []
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
@@ -102,10 +121,7 @@ class Watch(keras.callbacks.Callback):
         install()
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        flag = np.array([1 if _state["requested"] else 0], np.int32)
-        if tnt_comm.size() > 1:
-            flag = tnt_comm.allreduce(flag, op="max")
-        if not flag[0]:
+        if not self.agreement.anyone:
             return
         _state["preempted"] = True
         self.model.stop_training = True

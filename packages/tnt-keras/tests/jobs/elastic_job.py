@@ -149,6 +149,7 @@ class Killer(keras.callbacks.Callback):
         self.epoch, self.batch, self.evaluating, self.training, self.armed = -1, 0, False, False, True
         self.began, self.last_began, self.step_seconds = 0, None, 0.0
         self.nested = False
+        self.ends = []  # the epochs whose end this callback saw, in order
 
     def _maybe(self, where: str, batch: int = 0) -> None:
         if tnt_comm.membership()[0] != 0 or not self.armed:
@@ -199,6 +200,7 @@ class Killer(keras.callbacks.Callback):
             watched = [tnt.callbacks.Callback(self, aggregate_logs=False)]
             model.predict(x_val, batch_size=BATCH, verbose=0, callbacks=watched)
             self.nested = False
+        self.ends.append(epoch)  # a callback that counts epochs (EarlyStopping) must see each end once
 
     def on_predict_batch_begin(self, batch, logs=None):
         self._maybe("nested" if self.nested else "predict", batch)
@@ -275,6 +277,7 @@ report({
     "generation": generation,
     "members": members,
     "epochs": history.epoch,
+    "ends": killer.ends,
     "serial_epochs": serial_history.epoch,
     "history": history.history,
     "serial_history": serial_history.history,
