@@ -51,6 +51,9 @@ SCENARIOS = {
     # epoch (its batches cannot be dealt again over fewer ranks).
     "pydataset": (["data=pydataset", "first_fit=2", "2@2:batch:1"], [0, 1, 3], "2"),
     "dataloader": (["data=dataloader", "first_fit=1", "2@1:metrics:1"], [0, 1, 3], "2"),
+    # A tf.data pipeline that shuffles anew every epoch, validated on another (TensorFlow): the step is
+    # redone on the batch the pipeline gave, sliced for 3 ranks, and the iterator goes on in its order.
+    "tfdata-step": (["data=tfdata-shuffled", "3@1:metrics:2"], [0, 1, 2], "2"),
 }
 # Where a case trains on another input than arrays (the epoch redone there as with arrays), beside
 # what its scenario tests; JAX calls a metric's update only while it traces the step, so its
@@ -59,12 +62,13 @@ INPUTS = {("tensorflow", "rank-0-epoch-end"): ("data=tfdata",), ("jax", "replace
 EVERY_RANK_SAYS = ("--log-on-all-devices", "--output-on-all-devices")  # which call each survivor goes on with
 EXTRA = {"replacement-mid-epoch": ("-x", "TNT_ELASTIC_ADMIT_STEPS=6"), "between-calls": EVERY_RANK_SAYS}
 RANKS = {"between-calls": 5}  # the others start 4
-CASES = [("torch", name) for name in SCENARIOS if name != "second-fit"] + [
+CASES = [("torch", name) for name in SCENARIOS if name not in ("second-fit", "tfdata-step")] + [
     ("tensorflow", "after-gradient-sum"),  # the lost step redone, in a traced step
     ("tensorflow", "rank-0-epoch-end"),  # on a tf.data pipeline
     ("tensorflow", "replacement-mid-epoch"),
     ("tensorflow", "between-calls"),  # the calls' boundaries, with the closing collectives after traced steps
     ("tensorflow", "second-fit"),  # the traced train function the first fit wrapped, wrapped once again
+    ("tensorflow", "tfdata-step"),
     ("jax", "replacement"),  # a loss, the re-forming and a replacement, on a PyDataset: the costliest backend once
     ("jax", "between-calls"),  # the closing collectives after steps Keras-JAX dispatched asynchronously
 ]
@@ -104,7 +108,8 @@ def test_an_elastic_fit_that_loses_ranks_equals_serial_training(backend: str, sc
             assert close(report["evaluated"][key], value), (key, report["evaluated"], report["serial_evaluated"])
         assert report["predicted_shape"] == [48, 1], report  # every row once, in order
         assert report["predict_error"] <= TOL * max(1.0, report["predict_scale"]), report
-    if backend != "jax" and scenario in ("step", "after-gradient-sum", "stopped", "second-fit", "pydataset"):
+    redone_steps = ("step", "after-gradient-sum", "stopped", "second-fit", "pydataset", "tfdata-step")
+    if backend != "jax" and scenario in redone_steps:
         assert "runs again on 3 rank(s)" in result.output and "trains epoch" not in result.output, result.output
     if scenario in ("dataloader", "rank-0-epoch-end", "two-in-validation"):  # the epoch redone, no step
         assert "trains epoch" in result.output and "runs again" not in result.output, result.output
@@ -143,8 +148,8 @@ def test_fewer_ranks_left_than_elastic_asks_for_ends_the_job() -> None:
 
 
 # Three jobs of three kills each (random ranks, steps and points within the step; the fit split in two
-# at a random epoch in some), two on torch and one on TensorFlow; set TNT_ELASTIC_SEEDS=a,b,... to run
-# others (a failure names its seed).
+# at a random epoch in some), two on torch and one on TensorFlow (on arrays or a tf.data pipeline); set
+# TNT_ELASTIC_SEEDS=a,b,... to run others (a failure names its seed).
 SEEDS = [int(s) for s in os.environ.get("TNT_ELASTIC_SEEDS", "").split(",") if s] or [
     random.SystemRandom().randrange(1 << 30) for _ in range(3)
 ]
@@ -164,6 +169,8 @@ def test_kills_at_random_points_of_an_elastic_fit_leave_it_equal_to_serial_train
     args = [f"{v}@step:{k}:{rng.uniform(0.0, 1.5):.3f}" for v, k in zip(victims, steps, strict=True)]
     first_fit = rng.choice([0, 0, 2, 3, 4])  # the six epochs in one fit, or in two split there
     args += [f"first_fit={first_fit}"] if first_fit else []
+    if backend == "tensorflow" and rng.random() < 0.5:  # its global batches from a tf.data pipeline, whole
+        args.append("data=tfdata")
     result = _launch("elastic_job", 4, ("epochs=6", *args), timeout=280, backend=backend,
                      launcher_args=("--elastic", "1", "--timeout", "30"), check=False)
     context = f"seed {seed} on {backend}: kills {args}\n{result.output[-6000:]}"

@@ -65,3 +65,36 @@ def test_a_partial_batch_smaller_than_the_ranks_leaves_empty_slices(tf: ModuleTy
     assert [int(part[1].nrows()) for part in last] == [1, 0, 0]
     assert [int(part[2].dense_shape[0]) for part in last] == [1, 0, 0]
     np.testing.assert_array_equal(last[0][0], dense[4:])
+
+
+def test_a_whole_pipeline_cut_as_its_batches_are_drawn_gives_each_rank_its_slice(tf: ModuleType) -> None:
+    """An elastic fit's pipeline comes whole (``prepare(whole_batches=True)``) and each step cuts its
+    rank's rows from the batch it drew: the same rows as the pipeline's own slicing, for any number
+    of ranks the job re-forms to (a partial last batch and a dict element among them)."""
+    from tnt_keras.backends.tensorflow import inputs as data
+
+    ds = tf.data.Dataset.from_tensor_slices(({"a": np.arange(22.0).reshape(11, 2)}, np.arange(11))).batch(4)
+    whole = data.prepare(ds, 0, 4, whole_batches=True)
+    assert whole is not ds and whole in data.whole and ds not in data.whole  # the user's pipeline stays plain
+    assert data.prepare(ds, 0, 4) not in data.whole
+    drawn = list(whole)
+    for size in (4, 3, 2):
+        for rank in range(size):
+            cut = [data.slice_of(batch, rank, size) for batch in drawn]
+            for mine, theirs in zip(cut, data.slice_batches(ds, rank, size), strict=True):
+                np.testing.assert_array_equal(mine[0]["a"], theirs[0]["a"])
+                np.testing.assert_array_equal(mine[1], theirs[1])
+    with pytest.raises(ValueError, match="cannot be split over 5 ranks"):
+        data.prepare(ds, 0, 5, whole_batches=True)
+
+
+def test_a_pipeline_that_reshuffles_each_reading_is_told_apart(tf: ModuleType) -> None:
+    """Where an epoch read again would get another order (an elastic fit then neither begins an epoch
+    again in its order nor admits replacements)."""
+    from tnt_keras.backends.tensorflow import inputs as data
+
+    rows = tf.data.Dataset.range(8)
+    assert data.reshuffles(rows.shuffle(8, seed=1).batch(2).map(lambda b: b * 2).prefetch(1))
+    assert not data.reshuffles(rows.shuffle(8, seed=1, reshuffle_each_iteration=False).batch(2))
+    assert not data.reshuffles(rows.batch(2))
+    assert data.reshuffles(data.prepare(rows.shuffle(8, seed=1).batch(4), 1, 2))  # seen through tnt's slicing

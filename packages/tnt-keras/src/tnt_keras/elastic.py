@@ -69,6 +69,7 @@ class EpochStart(keras.callbacks.Callback):
         self.epoch: int | None = None
         self.saved: dict[int, list[np.ndarray]] = {}
         self.resume: tuple[int, int] = (-1, 0)  # (epoch, step) the next attempt goes on from
+        self.admits = True  # replacements that wait join at an epoch's start (not where the data reshuffles)
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         self.epoch = epoch
@@ -76,7 +77,7 @@ class EpochStart(keras.callbacks.Callback):
         if resume[0] == epoch and resume[1] > 0:
             return  # an attempt that goes on in the epoch's middle: the epoch began before, and its copy stands
         # Replacements that wait are admitted where every rank is alike: here (one broadcast).
-        if tnt_comm.admit():
+        if self.admits and tnt_comm.admit():
             raise Grown(epoch)
         self.saved[epoch] = [np.array(keras.ops.convert_to_numpy(v.value)) for v in self.variables()]
         for old in [e for e in self.saved if e < epoch - 1]:

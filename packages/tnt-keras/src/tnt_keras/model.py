@@ -304,8 +304,10 @@ class Model(keras.Model):
         distribute: bool,
         micro_batch_size: int | None,
         what: str,
+        whole_batches: bool = False,
     ) -> Any:
-        """What this rank hands to Keras: its slice of every global batch of the input."""
+        """What this rank hands to Keras: its slice of every global batch of the input (of a pipeline
+        that reads ahead, with ``whole_batches``, the global batches, for the step to slice)."""
         return self._backend.distribute(
             x,
             y,
@@ -318,6 +320,7 @@ class Model(keras.Model):
             micro_batch_size=micro_batch_size,
             what=what,
             redealt=elastic.enabled(),
+            whole_batches=whole_batches,
         )
 
     def _verbose(self, verbose: Any) -> Any:
@@ -409,8 +412,9 @@ class Model(keras.Model):
                 (x, y, sample_weight), validation_split=validation_split
             )
 
-        def datasets() -> tuple[Any, Any]:
-            """This rank's slices of the training and validation data, for the ranks there are now."""
+        def datasets(whole_batches: bool = False) -> tuple[Any, Any]:
+            """This rank's slices of the training and validation data, for the ranks there are now
+            (``whole_batches``: a fit whose steps are redone, ``_dataset``)."""
             ds = self._dataset(
                 x,
                 y,
@@ -420,6 +424,7 @@ class Model(keras.Model):
                 distribute=tnt_distribute_dataset,
                 micro_batch_size=tnt_micro_batch_size,
                 what="training dataset",
+                whole_batches=whole_batches,
             )
             if validation_data is None:
                 return ds, None
@@ -434,6 +439,7 @@ class Model(keras.Model):
                 distribute=tnt_distribute_validation_dataset,
                 micro_batch_size=tnt_validation_micro_batch_size,
                 what="validation dataset",
+                whole_batches=whole_batches,
             )
 
         def run(ds: Any, val_ds: Any, first_epoch: int, resuming: bool, after: list[Any]) -> Any:
@@ -482,12 +488,26 @@ class Model(keras.Model):
         resume = step_redo.Resume(step)
         resuming = False
         while True:
-            ds, val_ds = datasets()
+            whole = step_redo.redoes_steps(self)
+            ds, val_ds = datasets(whole)
+            redo = step_redo.attach(self, ds, val_ds, class_weight, epoch_start, resume, steps_per_epoch)
+            if redo is None and whole:  # the steps are not redone: every pipeline is sliced as it is read
+                ds, val_ds = datasets()
+            epoch_start.admits = not self._backend.reshuffles(ds)
+            if not epoch_start.admits and not resuming:
+                logger.warning(
+                    "the training dataset shuffles anew each time it is read (tf.data's shuffle with "
+                    "reshuffle_each_iteration=True, or a DataLoader with shuffle=True), from a generator tnt cannot "
+                    "set back: in this elastic fit a lost step is redone in its order, but an epoch begun again "
+                    "(a rank lost outside a train step) reads another order than serial training, and replacement "
+                    "ranks are not admitted (they would read another order than the others). For exact recovery "
+                    "everywhere pass arrays (tnt shuffles them per epoch from a seed) or shuffle with "
+                    "reshuffle_each_iteration=False."
+                )
             if first != initial_epoch and hasattr(ds, "start_at"):  # tnt's slices of arrays and PyDatasets
                 ds.start_at(first - initial_epoch)  # the epoch redone (or joined) keeps the order it had
             before = getattr(self._model, "history", None)
             epoch_start.resume = (first, resume.step)
-            redo = step_redo.attach(self, ds, val_ds, class_weight, epoch_start, resume, steps_per_epoch)
             resume = step_redo.Resume()
             finished = None
             try:

@@ -48,17 +48,26 @@ ADMIT_STEPS = "TNT_ELASTIC_ADMIT_STEPS"
 not only at an epoch's start: a store look-up on rank 0 and one broadcast."""
 
 
-def possible(model: keras.Model, ds: Any) -> bool:
-    """Whether a fit of ``model`` on ``ds`` can redo a lost step: tnt's slices of arrays or of a
-    ``PyDataset`` (which can deal a batch again), Keras' own train step (one update, after which
-    nothing reads the weights), and a backend that holds the update back to the step's end."""
+def redoes_steps(tnt_model: keras.Model) -> bool:
+    """Whether an elastic fit of ``tnt_model`` can redo a lost step on inputs that can deal a batch
+    again (``dealt_again``): more than one rank, Keras' own train step (one update, after which
+    nothing reads the weights), one step per call, and a backend that holds the update back to the
+    step's end. Asked before the fit's inputs are prepared: a ``tf.data`` pipeline is then handed
+    over with its global batches whole (``backends.Backend.distribute``)."""
+    model = tnt_model.model
     defined_in = next(c for c in type(model).__mro__ if "train_step" in vars(c))
     return (
-        hasattr(ds, "last_index")
+        state.of(tnt_model).size > 1
         and defined_in.__module__.startswith("keras.")
         and getattr(model, "steps_per_execution", 1) == 1
         and backends.current().update_at_step_end(model)
     )
+
+
+def dealt_again(ds: Any) -> bool:
+    """Whether a batch of ``ds`` can be dealt again over fewer ranks within an epoch: tnt's slices of
+    arrays or of a ``PyDataset`` (by index), or a pipeline whose global batches the step slices."""
+    return hasattr(ds, "last_index") or backends.current().drawn_slicer(ds) is not None
 
 
 class Agreement:
@@ -113,6 +122,13 @@ class StepRedo:
         # Keras goes on with one iterator across epochs (steps_per_epoch shorter than the data), whose
         # pipeline may have read a batch ahead in the order of the epoch before: not dealt again.
         self.spans_epochs = False
+        # A pipeline handed over with its global batches whole: each step slices the batch it draws.
+        self.slicer = backends.current().drawn_slicer(ds)
+        self.whole: Any = None  # the global batch the step drew
+        self.val_slicer = backends.current().drawn_slicer(val_ds) if val_ds is not None else None
+        self.test_original: Callable[[Any], Any] | None = None  # Keras' test function, where validation slices
+        self.test_wrapper: Callable[[Any], Any] | None = None
+        self.validating = False  # in the fit's validation (not an evaluate a callback makes)
 
     def _collect(self) -> None:
         self.metric_variables = [v for m in self.model.metrics for v in m.variables]
@@ -139,6 +155,34 @@ class StepRedo:
             self.reset = True
 
         self.model.reset_metrics = reset
+        if self.val_slicer is not None:
+            self._slice_validation()
+
+    def _slice_validation(self) -> None:
+        """The fit's validation pipeline comes whole too: its test steps slice each batch drawn, for
+        the ranks there are at the time. Only the fit's validation: Keras makes it with the pipeline
+        as ``x`` (an evaluate elsewhere gets tnt's slices)."""
+        self.model.make_test_function()
+        test = self.model.test_function
+        evaluate = self.model.evaluate
+        assert self.val_slicer is not None
+        slicer = self.val_slicer
+
+        def sliced(data: Any) -> Any:
+            if not self.validating:
+                return test(data)
+            return test([slicer(next(data), tnt_comm.rank(), tnt_comm.size())])
+
+        def validate(*args: Any, **kwargs: Any) -> Any:
+            before, self.validating = self.validating, kwargs.get("x", args[0] if args else None) is self.val_ds
+            try:
+                return evaluate(*args, **kwargs)
+            finally:
+                self.validating = before
+
+        self.test_original, self.test_wrapper = test, sliced
+        self.model.test_function = sliced
+        self.model.evaluate = validate
 
     def uninstall(self) -> None:
         """Puts Keras' train function back, for the next attempt or the next fit to wrap anew. Left
@@ -147,14 +191,18 @@ class StepRedo:
         it), it would run inside the next wrapper and catch the step failures that one must see,
         then redo them with this attempt's data and count of steps."""
         vars(self.model).pop("reset_metrics", None)
+        vars(self.model).pop("evaluate", None)
         if self.model.train_function is self.wrapper:
             self.model.train_function = self.original
+        if self.test_wrapper is not None and self.model.test_function is self.test_wrapper:
+            self.model.test_function = self.test_original
 
     def _batch(self, data: Any) -> tuple[list[Any], int]:
         """The step's batches, as the train function takes them, and the index of its global batch.
         Keras-torch hands them over, fetched by index (``ds.last_index``); Keras-TensorFlow hands
-        over the epoch's iterator, whose pipeline reads ahead: the batch is drawn from it here, or
-        where the job re-formed since the epoch began, dealt here for the ranks there are now."""
+        over the epoch's iterator, whose pipeline reads ahead: the batch is drawn from it here, and
+        where the pipeline's batches come whole (``slicer``) or the job re-formed since the epoch
+        began, dealt here for the ranks there are now."""
         if isinstance(data, list):
             return data, self.ds.last_index
         if data is not self.iterator:  # a new epoch
@@ -163,7 +211,9 @@ class StepRedo:
             self.spans_epochs = True
         drawn = next(data)  # StopIteration: the data ran out, which Keras takes as the epoch's end
         self.drawn += 1
-        return (self._deal(self.drawn - 1) if self.dealt_here else [drawn]), self.drawn - 1
+        if self.slicer is not None:
+            self.whole = drawn
+        return (self._deal(self.drawn - 1) if self.dealt_here or self.slicer else [drawn]), self.drawn - 1
 
     def _run(self, original: Callable[[Any], Any], data: Any) -> Any:
         if self.done == 0:
@@ -250,7 +300,10 @@ class StepRedo:
 
     def _deal(self, index: int) -> list[Any]:
         """Global batch ``index``, this rank's slice of it among the ranks there are now, as Keras
-        hands it to the train function (standardized, class weights added, as tensors)."""
+        hands it to the train function (standardized, class weights added, as tensors); of a pipeline
+        whose batches come whole, the one the step drew."""
+        if self.slicer is not None:
+            return [self.slicer(self.whole, tnt_comm.rank(), tnt_comm.size())]
         batch = self.ds[index]
         if isinstance(batch, list | np.ndarray):
             batch = tuple(batch) if isinstance(batch, list) else (batch,)
@@ -274,12 +327,14 @@ def attach(
 ) -> StepRedo | None:
     """The step redo of one attempt of an elastic fit, installed; None where it cannot redo steps
     (the same on every rank)."""
-    if state.of(tnt_model).size < 2 or not possible(tnt_model.model, ds):
+    if not redoes_steps(tnt_model) or not dealt_again(ds):
         return None
-    if val_ds is not None and not hasattr(val_ds, "last_index"):
+    if val_ds is not None and not dealt_again(val_ds):
         return None  # a validation dataset of another kind cannot be dealt over fewer ranks
     # Steps are counted within an epoch where Keras starts every epoch's batches anew.
+    # (Not where the data reshuffles: the attempt that goes on with the replacements reads another order.)
     admit_every = int(os.environ.get(ADMIT_STEPS, "100") or 0) if steps_per_epoch is None else 0
+    admit_every = 0 if backends.current().reshuffles(ds) else admit_every
     redo = StepRedo(tnt_model, ds, val_ds, class_weight, epoch_start, resume, admit_every)
     redo.install()
     return redo

@@ -17,7 +17,9 @@ F times the length of its last step after its K-th training batch began (redone 
 wherever it is then. "epochs=N" trains N epochs (default 4); "first_fit=E" trains them in two
 fits, the first to epoch E, the second on from there (the History reported is the second's, which
 must not be disturbed by what the first left behind); "data=tfdata|pydataset|dataloader" trains
-on the arrays' global batches in one of those; "model=syncbn" puts a SyncBatchNormalization into
+on the arrays' global batches in one of those; "data=tfdata-shuffled" on a tf.data pipeline that
+shuffles the arrays anew every epoch (seeded), and validates on one (serial Keras on the same
+pipelines, in one fit); "model=syncbn" puts a SyncBatchNormalization into
 the model; "class_weight" weights class 1 three times class 0. "wait@EPOCH[:BATCH]": every rank
 waits at the start of epoch EPOCH (or of its training batch BATCH) until a replacement rank
 (tnt-launch --elastic MIN:MAX) has asked the job's store to join, so that it joins the fit there.
@@ -112,6 +114,17 @@ class WatchedMae(keras.metrics.MeanAbsoluteError):
         return super().update_state(*args, **kwargs)
 
 
+class Rows(keras.metrics.Sum):
+    """The rows a step (or an epoch) took, over all ranks: a batch counted twice, or a slice that is
+    not this rank's (every rank validating whole batches), shows in the logs."""
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        return super().update_state(keras.ops.ones_like(y_true[:, 0]))
+
+    def result(self):  # Keras-torch's is the state itself, which the validation after an epoch overwrites
+        return keras.ops.copy(super().result())
+
+
 def build(serial: bool = False) -> keras.Model:
     """Dense, Dense; with "model=syncbn" a SyncBatchNormalization between them (its serial reference:
     BatchNormalization), whose moving statistics a lost step's forward pass has already changed."""
@@ -122,7 +135,8 @@ def build(serial: bool = False) -> keras.Model:
     else:
         hidden = [keras.layers.Dense(16, activation="relu")]
     model = keras.Sequential([keras.Input((8,)), *hidden, keras.layers.Dense(1)])
-    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse", metrics=[WatchedMae(name="mae")])
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse",
+                  metrics=[WatchedMae(name="mae"), Rows(name="rows")])
     return model
 
 
@@ -224,26 +238,34 @@ class Batches(keras.utils.PyDataset):
 
 
 def training_data() -> dict:
-    """What fit trains on: the arrays themselves, or their global batches in order as a tf.data
-    pipeline, a PyDataset or a torch DataLoader ("data=tfdata|pydataset|dataloader")."""
+    """What fit trains and validates on: the arrays themselves, or their global batches in order as
+    a tf.data pipeline, a PyDataset or a torch DataLoader ("data=tfdata|pydataset|dataloader"), or
+    a tf.data pipeline that shuffles them anew every epoch ("data=tfdata-shuffled")."""
+    validation = {"validation_data": (x_val, y_val)}
+    if DATA == "tfdata-shuffled":
+        import tensorflow as tf
+
+        assert not FIRST_FIT, "one fit: the serial fit's shuffles go on from epoch to epoch"
+        shuffled = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=5).batch(BATCH)
+        return {"x": shuffled, "validation_data": tf.data.Dataset.from_tensor_slices((x_val, y_val)).batch(BATCH)}
     if DATA == "tfdata":
         import tensorflow as tf
 
-        return {"x": tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)}
+        return {"x": tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH), **validation}
     if DATA == "pydataset":
-        return {"x": Batches()}
+        return {"x": Batches(), **validation}
     if DATA == "dataloader":
         import torch
 
         return {"x": torch.utils.data.DataLoader(
-            torch.utils.data.TensorDataset(torch.from_numpy(x), torch.from_numpy(y)), batch_size=BATCH)}
-    return {"x": x, "y": y, "batch_size": BATCH}
+            torch.utils.data.TensorDataset(torch.from_numpy(x), torch.from_numpy(y)), batch_size=BATCH),
+            **validation}
+    return {"x": x, "y": y, "batch_size": BATCH, **validation}
 
 
 for first, last in ([(0, FIRST_FIT)] if FIRST_FIT else []) + [(FIRST_FIT, EPOCHS)]:
     history = model.fit(**training_data(), epochs=last, initial_epoch=first, shuffle=False, verbose=0,
                         class_weight=WEIGHTS,
-                        validation_data=(x_val, y_val),
                         callbacks=[tnt.callbacks.Callback(killer, aggregate_logs=False)])
 killer.evaluating = True
 evaluated = model.evaluate(x_val, y_val, batch_size=BATCH, verbose=0, return_dict=True,
@@ -253,10 +275,9 @@ predicted = model.predict(x_val, batch_size=BATCH, verbose=0,
 killer.armed = False
 
 serial = build(serial=True)
-serial_history = serial.fit(
-    x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0, validation_data=(x_val, y_val),
-    class_weight=WEIGHTS,
-)
+serial_data = training_data() if DATA == "tfdata-shuffled" else {"x": x, "y": y, "batch_size": BATCH,
+                                                                   "validation_data": (x_val, y_val)}
+serial_history = serial.fit(**serial_data, epochs=EPOCHS, shuffle=False, verbose=0, class_weight=WEIGHTS)
 serial_evaluated = serial.evaluate(x_val, y_val, batch_size=BATCH, verbose=0, return_dict=True)
 serial_predicted = serial.predict(x_val, batch_size=BATCH, verbose=0)
 

@@ -46,12 +46,26 @@ class Backend(Protocol):
     def distribute(
         self, x: Any, y: Any, sample_weight: Any, batch_size: int | None, *, rank: int, size: int, shuffle: bool,
         distribute: bool, micro_batch_size: int | None, what: str, redealt: bool = False,
+        whole_batches: bool = False,
     ) -> Any:
         """What this rank hands to Keras: its slice of every global batch (``slicing.py`` states the
         rule). ``redealt``: an elastic job, whose batches may have to be dealt again over fewer ranks
         within an epoch (``step_redo.py``): inputs in host memory are then dealt by tnt batch by batch
         (``host_inputs.py``), as the torch and JAX backends always do, not by a pipeline that reads
-        ahead (TensorFlow's ``tf.data``)."""
+        ahead (TensorFlow's ``tf.data``). ``whole_batches``: a fit whose steps can be redone, where
+        such a pipeline is then handed over with its global batches whole, each to be sliced as the
+        step draws it (``drawn_slicer``)."""
+        ...
+
+    def reshuffles(self, ds: Any) -> bool:
+        """Whether what ``distribute`` returned draws a new order each time it is read, from a state
+        that goes on (a ``tf.data`` shuffle with ``reshuffle_each_iteration``, a DataLoader's random
+        sampler): an epoch begun again on it reads the batches in another order than it had."""
+        ...
+
+    def drawn_slicer(self, ds: Any) -> Callable[[Any, int, int], Any] | None:
+        """Where ``ds`` is what ``distribute(whole_batches=True)`` handed over whole, the function that
+        cuts rank r of n's slice from a batch drawn from it (``slicer(batch, r, n)``); else None."""
         ...
 
     def global_batch_size(self, ds: Any) -> int | None:

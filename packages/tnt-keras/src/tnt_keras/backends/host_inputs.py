@@ -214,6 +214,21 @@ def _rows_of(batch: Any, start: int, count: int) -> Any:
     return keras.tree.map_structure(lambda a: None if a is None else a[start : start + count], batch)
 
 
+def reshuffles(ds: Any) -> bool:
+    """A ``tf.data`` pipeline's answer (``tensorflow/inputs.py``); tnt's slices shuffle each epoch
+    from a seed of its own (``start_at`` begins any epoch again in its order)."""
+    if not is_tf_dataset(ds):
+        return False
+    from .tensorflow.inputs import reshuffles as pipeline_reshuffles
+
+    return pipeline_reshuffles(ds)
+
+
+def drawn_slicer(ds: Any) -> None:  # noqa: ARG001
+    """None: these backends' steps get batches dealt already (TensorFlow's: ``tensorflow/__init__.py``)."""
+    return None
+
+
 def global_batch_size(ds: Any) -> int | None:
     """The global batch size where the input states it (arrays with batch_size), else None."""
     return ds.batch_size if isinstance(ds, ArraySlices) else None
@@ -232,6 +247,7 @@ def distribute(
     micro_batch_size: int | None,
     what: str,
     redealt: bool = False,  # noqa: ARG001 (dealt batch by batch anyway)
+    whole_batches: bool = False,  # noqa: ARG001 (the batches of what is dealt here are dealt by index)
     native_datasets: tuple[type, ...] = (),
     native_slices: Callable[[Any, int, int], Any] | None = None,
     native_arrays: tuple[type, ...] = (),

@@ -22,6 +22,7 @@ __all__ = [
     "build",
     "build_for_predict",
     "distribute",
+    "drawn_slicer",
     "explain_errors",
     "forget_collectives",
     "global_batch_size",
@@ -29,6 +30,7 @@ __all__ = [
     "is_dataset",
     "jit_compile",
     "predicted_outputs",
+    "reshuffles",
     "summed_values",
     "synced_sum",
     "update_at_step_end",
@@ -38,6 +40,8 @@ summed_values = steps.summed_values
 synced_sum = gradients.synced_sum
 global_batch_size = host_inputs.global_batch_size
 build = host_inputs.build
+drawn_slicer = host_inputs.drawn_slicer
+reshuffles = host_inputs.reshuffles
 build_for_predict = host_inputs.build_for_predict
 
 

@@ -1,14 +1,15 @@
 """The TensorFlow backend: tnt-keras' TensorFlow op sums gradients inside the traced train step
 (``gradients.py``, ``ops/``), ``tf.data`` pipelines are sliced per rank inside the graph (``inputs.py``),
 and a step on an empty slice is undone by graph conditionals (``steps.py``). In an elastic job,
-arrays are dealt batch by batch in host memory instead (``host_inputs.py``), so that a batch can be
-dealt again over the ranks left."""
+arrays are dealt batch by batch in host memory instead (``host_inputs.py``), and a fit's ``tf.data``
+pipelines hand over their global batches whole, each sliced as the step draws it, so that a batch
+can be dealt again over the ranks left."""
 
 from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import keras
@@ -69,6 +70,7 @@ def distribute(
     micro_batch_size: int | None,
     what: str,
     redealt: bool = False,
+    whole_batches: bool = False,
 ) -> Any:
     if redealt and _in_host_memory(x, y, sample_weight):
         return host_inputs.distribute(
@@ -93,7 +95,17 @@ def distribute(
             f"tnt: {what} takes a tf.data.Dataset batched with the global batch size, or numpy arrays with "
             f"batch_size; got {type(x).__name__}. Wrap generators with tf.data.Dataset.from_generator."
         )
-    return inputs.prepare(x, rank, size, distribute=distribute, micro_batch_size=micro_batch_size, what=what)
+    return inputs.prepare(x, rank, size, distribute=distribute, micro_batch_size=micro_batch_size, what=what,
+                          whole_batches=whole_batches)
+
+
+def reshuffles(ds: Any) -> bool:
+    return isinstance(ds, tf.data.Dataset) and inputs.reshuffles(ds)
+
+
+def drawn_slicer(ds: Any) -> Callable[[Any, int, int], Any] | None:
+    """``inputs.slice_of`` where ``ds`` is a pipeline handed over with its global batches whole."""
+    return inputs.slice_of if isinstance(ds, tf.data.Dataset) and ds in inputs.whole else None
 
 
 def _in_host_memory(*parts: Any) -> bool:
@@ -105,6 +117,8 @@ def _in_host_memory(*parts: Any) -> bool:
 def global_batch_size(ds: Any) -> int | None:
     if not isinstance(ds, tf.data.Dataset):
         return host_inputs.global_batch_size(ds)
+    if ds in inputs.whole:
+        return inputs.static_batch_size(ds)
     return inputs.static_batch_size(ds._input_dataset) if hasattr(ds, "_input_dataset") else None
 
 

@@ -87,6 +87,15 @@ def batched_upstream(ds: tf.data.Dataset) -> bool:
     return any(type(d).__name__ in _BATCH for d in _upstream(ds, keeps_elements.__contains__))
 
 
+def reshuffles(ds: tf.data.Dataset) -> bool:
+    """Whether ``ds`` shuffles anew each time it is read (``reshuffle_each_iteration``): each reading
+    draws its order from a generator inside the pipeline, which cannot be set back."""
+    return any(
+        type(d).__name__ == "_ShuffleDataset" and bool(getattr(d, "_reshuffle_each_iteration", False))
+        for d in _upstream(ds)
+    )
+
+
 def static_batch_size(ds: tf.data.Dataset) -> int | None:
     batch = find_batch(ds)
     if batch is None:
@@ -165,18 +174,25 @@ def slice_batches(ds: tf.data.Dataset, rank: int, size: int) -> tf.data.Dataset:
         raise ValueError(too_small(static, size))
     if size == 1:
         return ds
+    return ds.map(lambda *element: slice_of(element[0] if len(element) == 1 else element, rank, size))
 
-    def take_slice(*element: Any) -> Any:
-        data = element[0] if len(element) == 1 else element
-        leaves = [t for t in tf.nest.flatten(data) if t is not None]
-        batch = tf.shape(leaves[0])[0]
-        base = batch // size
-        extra = batch % size
-        count = base + tf.cast(rank < extra, batch.dtype)
-        start = rank * base + tf.minimum(rank, extra)
-        return tf.nest.map_structure(lambda t: _rows(t, start, count), data)
 
-    return ds.map(take_slice)
+def slice_of(batch: Any, rank: int, size: int) -> Any:
+    """Rank ``rank``'s rows of one global ``batch`` of ``size`` ranks (in a pipeline, or eagerly on
+    a batch drawn from one)."""
+    leaves = [t for t in tf.nest.flatten(batch) if t is not None]
+    rows = tf.shape(leaves[0])[0]
+    base = rows // size
+    extra = rows % size
+    count = base + tf.cast(rank < extra, rows.dtype)
+    start = rank * base + tf.minimum(rank, extra)
+    return tf.nest.map_structure(lambda t: _rows(t, start, count), batch)
+
+
+whole = state.Marked()
+"""The pipelines ``prepare(whole=True)`` handed over with their global batches whole: each step cuts
+this rank's slice from the batch it draws (``slice_of``), so that a lost step's batch can be dealt
+again over the ranks left (``step_redo.py``)."""
 
 
 def _rows(t: Any, start: tf.Tensor, count: tf.Tensor) -> Any:
@@ -196,8 +212,11 @@ def prepare(
     distribute: bool = True,
     micro_batch_size: int | None = None,
     what: str = "dataset",
+    whole_batches: bool = False,
 ) -> tf.data.Dataset:
-    """Checks a dataset given to fit/evaluate/predict and returns what this rank should read."""
+    """Checks a dataset given to fit/evaluate/predict and returns what this rank should read: its
+    slices of the global batches, or with ``whole_batches`` the global batches themselves, for the
+    step to slice (``whole``)."""
     if micro_batch_size is not None:
         if micro_batch_size <= 0:
             raise ValueError(f"tnt: tnt_micro_batch_size must be positive, got {micro_batch_size}")
@@ -221,6 +240,13 @@ def prepare(
         check_seeded_shuffles(ds)
     if not distribute:
         logger.info("the %s is not distributed: every rank reads all of it as its local batches", what)
+        return ds
+    if whole_batches and size > 1:
+        static = static_batch_size(ds)
+        if static is not None and static < size:
+            raise ValueError(too_small(static, size))
+        ds = ds.take(-1)  # all of it, as an object of tnt's own: the same pipeline may be sliced elsewhere
+        whole.add(ds)
         return ds
     return slice_batches(ds, rank, size)
 

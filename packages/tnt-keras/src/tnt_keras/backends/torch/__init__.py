@@ -12,12 +12,13 @@ import keras
 from .. import explain_python_errors as explain_errors
 from .. import host_inputs, without_xla
 from . import gradients, steps
-from .inputs import distribute, is_dataset
+from .inputs import distribute, is_dataset, reshuffles
 
 __all__ = [
     "build",
     "build_for_predict",
     "distribute",
+    "drawn_slicer",
     "explain_errors",
     "forget_collectives",
     "global_batch_size",
@@ -25,6 +26,7 @@ __all__ = [
     "is_dataset",
     "jit_compile",
     "predicted_outputs",
+    "reshuffles",
     "summed_values",
     "synced_sum",
     "update_at_step_end",
@@ -41,6 +43,7 @@ def prepare() -> None:
 
 global_batch_size = host_inputs.global_batch_size
 build = host_inputs.build
+drawn_slicer = host_inputs.drawn_slicer
 build_for_predict = host_inputs.build_for_predict
 
 

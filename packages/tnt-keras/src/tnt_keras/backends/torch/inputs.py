@@ -78,6 +78,15 @@ class _CollateMarked:
         return keras.tree.map_structure(lambda t: t[:0] if hasattr(t, "__getitem__") else t, batch)
 
 
+def reshuffles(ds: Any) -> bool:
+    """A DataLoader that shuffles (its sampler draws each epoch's order from a generator that goes
+    on), or a ``tf.data`` pipeline that does."""
+    if isinstance(ds, DataLoader):
+        batches = getattr(ds.batch_sampler, "batches", ds.batch_sampler)
+        return isinstance(getattr(batches, "sampler", None), RandomSampler)
+    return host_inputs.reshuffles(ds)
+
+
 def _loader_slices(loader: DataLoader, rank: int, size: int) -> DataLoader:
     batches = loader.batch_sampler
     if batches is None:
