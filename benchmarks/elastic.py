@@ -4,7 +4,8 @@ allreduce loop, each against the same job without it, in one run; then, with --k
 recovery of a Keras fit under tnt-launch --elastic (from the death to the end of the first training
 step of the re-formed job: re-forming, restoring the epoch's variables, tracing the step again);
 with --keras-steady BACKEND, a Keras fit's step time while nothing fails, with and without --elastic
-(LeNet-5 on numpy arrays, 2 ranks: the inputs an elastic fit redoes steps of); with --keras-calls
+(LeNet-5 on numpy arrays, 2 ranks: the inputs an elastic fit redoes steps of; --steady-input tfdata:
+a tf.data pipeline of them); with --keras-calls
 BACKEND, whole evaluate and predict calls with and without --elastic (each elastic call ends with a
 closing collective: tnt_keras/call_boundary.py).
 
@@ -195,15 +196,22 @@ class Clock(keras.callbacks.Callback):
 
 
 clock = Clock()
-model.fit(x, y, batch_size=256, epochs=4, verbose=0, callbacks=[tnt.callbacks.Callback(clock, aggregate_logs=False)])
+if sys.argv[2] == "tfdata":  # a pipeline that reshuffles every epoch, handed over whole in an elastic fit
+    import tensorflow as tf
+
+    data = {"x": tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=3).batch(256).prefetch(2)}
+else:
+    data = {"x": x, "y": y, "batch_size": 256}
+model.fit(**data, epochs=4, verbose=0, callbacks=[tnt.callbacks.Callback(clock, aggregate_logs=False)])
 if tnt_comm.rank() == 0:
     open(out, "w").write(json.dumps(clock.steps))
 """
 
 
-def keras_steady_state(backend: str, elastic: bool, folder: Path) -> list[float]:
-    """Step times (begin to begin, epochs 2-4) of LeNet-5 on numpy arrays, 2 ranks, with or without --elastic."""
-    return json.loads(keras_job(STEADY, backend, two_ranks(elastic), folder).read_text())
+def keras_steady_state(backend: str, elastic: bool, folder: Path, data: str = "arrays") -> list[float]:
+    """Step times (begin to begin, epochs 2-4) of LeNet-5 on numpy arrays (or ``data`` "tfdata": a
+    tf.data pipeline of them), 2 ranks, with or without --elastic."""
+    return json.loads(keras_job(STEADY, backend, two_ranks(elastic), folder, data).read_text())
 
 
 CALLS = LENET.replace("SAMPLES", "512") + r"""
@@ -239,6 +247,9 @@ def main() -> None:
     parser.add_argument("--keras-steady", nargs="*", default=[], metavar="BACKEND",
                         help="also time a Keras fit's steps while nothing fails (LeNet-5 on numpy arrays, "
                              "2 ranks), with and without --elastic, on these backends")
+    parser.add_argument("--steady-input", choices=("arrays", "tfdata"), default="arrays",
+                        help="what --keras-steady trains on: numpy arrays, or a tf.data pipeline of them that "
+                             "reshuffles every epoch (TensorFlow)")
     parser.add_argument("--keras-calls", nargs="*", default=[], metavar="BACKEND",
                         help="also time whole evaluate and predict calls (LeNet-5, 2 global batches, 2 ranks), "
                              "with and without --elastic, on these backends")
@@ -251,7 +262,7 @@ def main() -> None:
             elastic: list[float] = []
             pairs: list[float] = []  # each pair of neighbouring passes: with over without, per-pass medians
             for trial in range(args.trials):
-                runs = {flag: keras_steady_state(backend, flag, folder) for flag in abba(trial)}
+                runs = {flag: keras_steady_state(backend, flag, folder, args.steady_input) for flag in abba(trial)}
                 without, with_elastic = runs[False], runs[True]
                 plain += without
                 elastic += with_elastic
@@ -260,7 +271,8 @@ def main() -> None:
             # Keras-JAX dispatches a step and goes on: its callbacks time the dispatches, not the steps.
             caveat = "; JAX: the times between dispatches, not the steps" if backend == "jax" else ""
             quartiles = statistics.quantiles(pairs, n=4) if len(pairs) > 1 else pairs * 3
-            print(f"Keras fit on {backend}, LeNet-5 on arrays, 2 ranks: {p:.2f} ms per step without --elastic, "
+            print(f"Keras fit on {backend}, LeNet-5 on {args.steady_input}, 2 ranks: {p:.2f} ms per step without "
+                  f"--elastic, "
                   f"{e:.2f} ms with --elastic 1 ({(e / p - 1) * 100:+.1f}%; medians of {len(plain)} and "
                   f"{len(elastic)} steps over {args.trials} alternating passes{caveat}); pass by pass: median "
                   f"{statistics.median(pairs) * 100:+.1f}%, quartiles {quartiles[0] * 100:+.1f}% and "

@@ -18,7 +18,7 @@ import keras
 import numpy as np
 import tnt_comm
 
-from . import outcome, runtime
+from . import epoch_end, outcome, runtime
 
 _HOOKS = (
     "on_batch_begin",
@@ -70,15 +70,22 @@ def _overrides(callback: keras.callbacks.Callback, hook: str) -> bool:
 
 def average_logs(logs: dict[str, Any] | None) -> dict[str, Any] | None:
     """Numeric logs averaged over ranks (in float64, so values already equal everywhere stay exact)."""
-    if not logs or tnt_comm.size() == 1:
+    if not logs or (tnt_comm.size() == 1 and not epoch_end.journaling()):
         return logs
     keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0 and np.issubdtype(np.asarray(v).dtype, np.number))
     if not keys:
         return logs
     values = np.array([float(np.asarray(logs[k])) for k in keys], dtype=np.float64)
-    tnt_comm.allreduce(values, out=values)
+
+    def mean() -> np.ndarray:
+        return tnt_comm.allreduce(values) / tnt_comm.size() if tnt_comm.size() > 1 else values
+
+    # At an epoch's end of an elastic fit, made again on the ranks left if one is lost in it (epoch_end.py).
+    means = epoch_end.collective(mean)
+    if means is values:
+        return logs  # one rank: nothing to average, the logs as they were
     averaged = dict(logs)
-    for key, value in zip(keys, values / tnt_comm.size(), strict=True):
+    for key, value in zip(keys, means, strict=True):
         averaged[key] = float(value)
     return averaged
 

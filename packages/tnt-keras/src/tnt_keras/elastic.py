@@ -24,7 +24,7 @@ import numpy as np
 import tnt_comm
 from tnt_comm import contract
 
-from . import call_boundary, state, timeline
+from . import call_boundary, epoch_end, state, timeline
 from . import variables as shared_variables
 from .runtime import logger
 
@@ -77,7 +77,7 @@ class EpochStart(keras.callbacks.Callback):
         if resume[0] == epoch and resume[1] > 0:
             return  # an attempt that goes on in the epoch's middle: the epoch began before, and its copy stands
         # Replacements that wait are admitted where every rank is alike: here (one broadcast).
-        if self.admits and tnt_comm.admit():
+        if self.admits and epoch_end.collective(tnt_comm.admit):
             raise Grown(epoch)
         self.saved[epoch] = [np.array(keras.ops.convert_to_numpy(v.value)) for v in self.variables()]
         for old in [e for e in self.saved if e < epoch - 1]:

@@ -30,6 +30,8 @@ import keras
 import numpy as np
 import tnt_comm
 
+from . import epoch_end
+
 logger = logging.getLogger("tnt_keras")
 
 SIGNALS_VARIABLE = "TNT_PREEMPTION_SIGNALS"
@@ -99,10 +101,13 @@ class Agreement(keras.callbacks.Callback):
         self.anyone = False  # whether a rank got a signal, as agreed at the last epoch's end
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        epoch_end.begin(epoch)  # the epoch's end, which an elastic fit finishes on the ranks left (epoch_end.py)
         flag = np.array([1 if _state["requested"] else 0], np.int32)
-        if tnt_comm.size() > 1:
-            flag = tnt_comm.allreduce(flag, op="max")
+        flag = epoch_end.collective(lambda: tnt_comm.allreduce(flag, op="max") if tnt_comm.size() > 1 else flag)
         self.anyone = bool(flag[0])
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        epoch_end.end()
 
 
 class Watch(keras.callbacks.Callback):

@@ -16,8 +16,10 @@ before the failure reached it) while others failed in it; if so, the first of th
 variables and metric sums to the others (one broadcast), who count the step as done. Otherwise every
 survivor puts its small state back, takes the step's global batch dealt over the ranks left, and runs
 the step again. Either way each global batch enters the fit once, so it still equals serial
-training. Failures outside a train step (in validation, at an epoch's end, in a callback's
-collective), and fits this cannot redo, go back to the epoch's start instead (``elastic.py``).
+training. A failure at an epoch's end (its collectives after the last validation batch, up to the
+next epoch's first step) is finished there instead (``epoch_end.py``, whose survivors ``agree`` with
+the others on where each was); failures elsewhere outside a train step (in validation, a
+checkpoint's outcome), and fits this cannot redo, go back to the epoch's start (``elastic.py``).
 
 Every ``TNT_ELASTIC_ADMIT_STEPS`` steps the ranks also admit replacements that wait (``Grown``):
 the fit then begins the epoch again with them, passes over the steps done (``Resume``: no
@@ -37,12 +39,14 @@ import tnt_comm
 from keras.src.backend.common.stateless_scope import StatelessScope
 from keras.src.trainers.data_adapters import data_adapter_utils
 
-from . import backends, elastic, metrics, state, timeline
+from . import backends, elastic, epoch_end, metrics, state, timeline
 from . import variables as shared_variables
 from .runtime import logger
 
 _FURTHEST = 1 << 40  # above any step count: agree() finds the furthest step as a minimum
 _RANKS = 1 << 20  # above any rank
+# Where each survivor was, for agree(): at an epoch's end, in the first step after one, elsewhere.
+AT_END, AFTER_END, ELSEWHERE = 0, 1, 2
 ADMIT_STEPS = "TNT_ELASTIC_ADMIT_STEPS"
 """Every this many steps of a fit (default 100; 0: never) replacements that wait are admitted there,
 not only at an epoch's start: a store look-up on rank 0 and one broadcast."""
@@ -73,9 +77,14 @@ def dealt_again(ds: Any) -> bool:
 class Agreement:
     """How the survivors go on, from one allreduce (``agree``)."""
 
-    def __init__(self, in_step: bool, healable: bool, furthest: int, healer: int, slowest: int) -> None:
+    def __init__(
+        self, in_step: bool, healable: bool, furthest: int, healer: int, slowest: int, phases: tuple[int, int],
+        holder: int,
+    ) -> None:
         self.in_step, self.healable = in_step, healable
         self.furthest, self.healer, self.slowest = furthest, healer, slowest
+        self.phases = phases  # the earliest and the latest place a survivor was (AT_END, ...)
+        self.holder = holder  # the survivor with the most results of the epoch's end (epoch_end.py)
 
     @property
     def redo_step(self) -> bool:
@@ -83,14 +92,25 @@ class Agreement:
         deal its batch again."""
         return self.in_step and self.healable
 
+    @property
+    def finish_end(self) -> bool:
+        """Some survivor was at an epoch's end, and every other there too or in the step after it,
+        each with the same steps done: the epoch's end is finished, that step redone."""
+        return self.phases[0] == AT_END and self.phases[1] <= AFTER_END and self.healable and (
+            self.furthest == self.slowest)
 
-def agree(in_step: bool, healable: bool, done: int) -> Agreement:
-    """Collective over the survivors: whether each was in a train step, and how many steps each had
-    done. Every rank of an elastic fit that can redo steps calls it after a re-forming."""
-    key = (_FURTHEST - done) * _RANKS + tnt_comm.rank()  # the lowest: the furthest, then the first rank
-    found = tnt_comm.allreduce(np.array([int(in_step), int(healable), key, done], np.int64), op="min")
-    return Agreement(bool(found[0]), bool(found[1]), _FURTHEST - int(found[2]) // _RANKS,
-                     int(found[2]) % _RANKS, int(found[3]))
+
+def agree(in_step: bool, healable: bool, done: int, phase: int = ELSEWHERE, results: int = 0) -> Agreement:
+    """Collective over the survivors: whether each was in a train step, how many steps each had
+    done, where each was (``phase``) and, at an epoch's end, how many of its collectives' results it
+    holds. Every rank of an elastic fit that can redo steps calls it after a re-forming."""
+    rank = tnt_comm.rank()
+    key = (_FURTHEST - done) * _RANKS + rank  # the lowest: the furthest, then the first rank
+    holder = (_FURTHEST - results) * _RANKS + rank
+    mine = np.array([int(in_step), int(healable), key, done, phase, -phase, holder], np.int64)
+    found = [int(v) for v in tnt_comm.allreduce(mine, op="min")]
+    return Agreement(bool(found[0]), bool(found[1]), _FURTHEST - found[2] // _RANKS, found[2] % _RANKS, found[3],
+                     (found[4], -found[5]), found[6] % _RANKS)
 
 
 class StepRedo:
@@ -100,7 +120,7 @@ class StepRedo:
 
     def __init__(
         self, tnt_model: keras.Model, ds: Any, val_ds: Any, class_weight: Any, epoch_start: elastic.EpochStart,
-        resume: Resume, admit_every: int,
+        resume: Resume, admit_every: int, finish_ends: bool = False,
     ) -> None:
         self.tnt_model, self.model, self.class_weight = tnt_model, tnt_model.model, class_weight
         self.ds, self.val_ds, self.epoch_start = ds, val_ds, epoch_start
@@ -129,6 +149,10 @@ class StepRedo:
         self.test_original: Callable[[Any], Any] | None = None  # Keras' test function, where validation slices
         self.test_wrapper: Callable[[Any], Any] | None = None
         self.validating = False  # in the fit's validation (not an evaluate a callback makes)
+        # A rank lost at an epoch's end: the survivors finish it (epoch_end.py), where the epochs'
+        # batches are dealt anew at each epoch's start (not with steps_per_epoch: one iterator on).
+        self.journal = epoch_end.Journal(self._recover_at_end) if finish_ends else None
+        self.deal_next = False  # the next epoch's iterator, made before the job re-formed, is dealt here
 
     def _collect(self) -> None:
         self.metric_variables = [v for m in self.model.metrics for v in m.variables]
@@ -157,6 +181,7 @@ class StepRedo:
         self.model.reset_metrics = reset
         if self.val_slicer is not None:
             self._slice_validation()
+        epoch_end.active = self.journal
 
     def _slice_validation(self) -> None:
         """The fit's validation pipeline comes whole too: its test steps slice each batch drawn, for
@@ -192,6 +217,9 @@ class StepRedo:
         then redo them with this attempt's data and count of steps."""
         vars(self.model).pop("reset_metrics", None)
         vars(self.model).pop("evaluate", None)
+        if self.journal is not None and epoch_end.active is self.journal:
+            self.journal.close()
+            epoch_end.active = None
         if self.model.train_function is self.wrapper:
             self.model.train_function = self.original
         if self.test_wrapper is not None and self.model.test_function is self.test_wrapper:
@@ -206,7 +234,7 @@ class StepRedo:
         if isinstance(data, list):
             return data, self.ds.last_index
         if data is not self.iterator:  # a new epoch
-            self.iterator, self.drawn, self.dealt_here = data, 0, False
+            self.iterator, self.drawn, self.dealt_here, self.deal_next = data, 0, self.deal_next, False
         elif self.reset:  # a new epoch, drawing on from the last one's iterator
             self.spans_epochs = True
         drawn = next(data)  # StopIteration: the data ran out, which Keras takes as the epoch's end
@@ -239,13 +267,42 @@ class StepRedo:
                     logs = original(batches)
             except elastic.FAILURES as error:
                 if self._recover(error, before):
+                    self._step_done()
                     return self._logs()  # a survivor had finished this step: it counts as done
                 batches = self._deal(index)
                 continue
             self.done += 1
             assert self.step_sums is not None
             self.sums = self.step_sums.values(self.metric_variables)
+            self._step_done()
             return logs
+
+    def _step_done(self) -> None:
+        if self.journal is not None:
+            self.journal.close()  # an epoch's end before this step is over everywhere
+
+    def _follow(self, error: BaseException, what: str) -> None:
+        """Re-forms the job after ``error`` and deals the batches to come over the ranks left."""
+        elastic.reform(self.tnt_model, error, what, retrace=False)
+        for dealt in (self.ds, self.val_ds):
+            # tnt's slices: the next batches are dealt anew (not those every rank reads whole)
+            if hasattr(dealt, "last_index") and dealt.size > 1:
+                dealt.rank, dealt.size = tnt_comm.rank(), tnt_comm.size()
+        self.dealt_here = self.iterator is not None
+
+    def _recover_at_end(self, error: BaseException) -> int:
+        """After ``error`` in a collective of an epoch's end: re-forms the job; returns the survivor
+        whose results of it the others take (``epoch_end.Journal``), or raises ``elastic.Reformed``
+        where the survivors go back to the epoch's start instead."""
+        assert self.journal is not None
+        self._follow(error, "agrees on what to redo")
+        self.deal_next = True  # Keras may have made the next epoch's iterator already
+        how = agree(False, True, self.done, AT_END, len(self.journal.entries))
+        if not how.finish_end:
+            raise elastic.Reformed(error) from error
+        with timeline.span("epoch end finished", epoch=self.journal.epoch, holder=how.holder):
+            logger.warning("the end of epoch %d is finished on %d rank(s)", self.journal.epoch + 1, tnt_comm.size())
+        return how.holder
 
     def _recover(self, error: BaseException, before: list[Any]) -> bool:
         """Re-forms the job after ``error`` in a step; True where another survivor had finished the
@@ -253,14 +310,18 @@ class StepRedo:
         ``elastic.Reformed`` where the survivors go back to the epoch's start instead."""
         for variable, value in zip(self.small, before, strict=True):
             variable.assign(value)
-        elastic.reform(self.tnt_model, error, "agrees on what to redo", retrace=False)
-        for dealt in (self.ds, self.val_ds):
-            # tnt's slices: the next batches are dealt anew (not those every rank reads whole)
-            if hasattr(dealt, "last_index") and dealt.size > 1:
-                dealt.rank, dealt.size = tnt_comm.rank(), tnt_comm.size()
-        self.dealt_here = self.iterator is not None
+        self._follow(error, "agrees on what to redo")
         known = (self.sums is not None or not self.metric_variables) and not self.spans_epochs
-        how = agree(True, known, self.done)
+        after_end = self.journal is not None and self.journal.is_open
+        how = agree(True, known, self.done, AFTER_END if after_end else ELSEWHERE,
+                    len(self.journal.entries) if self.journal is not None else 0)
+        if how.finish_end:  # the others were at the epoch's end before this step: they finish it, then join in
+            assert self.journal is not None
+            self.journal.take_from(how.holder)
+            logger.warning("the end of epoch %d is finished on %d rank(s)", self.journal.epoch + 1, tnt_comm.size())
+            self._share_out_sums()
+            logger.warning("step %d of this fit runs again on %d rank(s)", self.done + 1, tnt_comm.size())
+            return False
         if not how.redo_step:
             raise elastic.Reformed(error) from error
         with timeline.span("lost step redone", step=how.furthest, healer=how.healer):
@@ -335,6 +396,7 @@ def attach(
     # (Not where the data reshuffles: the attempt that goes on with the replacements reads another order.)
     admit_every = int(os.environ.get(ADMIT_STEPS, "100") or 0) if steps_per_epoch is None else 0
     admit_every = 0 if backends.current().reshuffles(ds) else admit_every
-    redo = StepRedo(tnt_model, ds, val_ds, class_weight, epoch_start, resume, admit_every)
+    redo = StepRedo(tnt_model, ds, val_ds, class_weight, epoch_start, resume, admit_every,
+                    finish_ends=steps_per_epoch is None)
     redo.install()
     return redo

@@ -12,7 +12,9 @@ BATCH of the predict after that), "nested" (before batch BATCH of a predict that
 at the end of epoch EPOCH, inside the fit), "fit_end" or "evaluate_end" (in the closing collective of the fit
 or of the evaluate after it, which the job then makes of sends and receives: member MEMBER takes
 every rank's part, answers the first BATCH other ranks, which go on to the next call, and is killed
-before it answers the rest, which fail in it; in whatever generation it then is); or MEMBER@step:K:F, killed
+before it answers the rest, which fail in it; in whatever generation it then is), "end_exchange" (the
+same, in a collective of epoch EPOCH's end that a callback makes through tnt's epoch-end journal: the
+ranks answered go on to the next one, the others take its result from them); or MEMBER@step:K:F, killed
 F times the length of its last step after its K-th training batch began (redone ones counted too),
 wherever it is then. "epochs=N" trains N epochs (default 4); "first_fit=E" trains them in two
 fits, the first to epoch E, the second on from there (the History reported is the second's, which
@@ -99,6 +101,46 @@ def scripted_closing(count: int) -> None:
 
 
 call_boundary._closing_collective = scripted_closing
+
+
+class EndExchange(keras.callbacks.Callback):
+    """A collective at every epoch's end, through tnt's journal of them (tnt_keras/epoch_end.py): in
+    the first generation, where a kill names it, made of sends and receives whose order the test sets
+    (as scripted_closing's); elsewhere an allreduce. Either way its result is 100 + the epoch, which
+    every rank records: one that took it from another survivor records the same."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.results = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        from tnt_keras import epoch_end
+
+        self.results.append(int(epoch_end.collective(lambda: self._exchange(epoch))[0]))
+
+    def _exchange(self, epoch):
+        generation, members = tnt_comm.membership()
+        named = [(who, answered) for who, at_epoch, at, answered in kills
+                 if at == "end_exchange" and at_epoch == epoch and who in members and generation == 0]
+        if not named:
+            return tnt_comm.allreduce(np.array([100 + epoch], np.int64), op="max")
+        who, answered = named[0]
+        victim = members.index(who)
+        part = np.array([100 + epoch], np.int64)
+        if tnt_comm.rank() != victim:
+            tnt_comm.send(part, victim)
+            tnt_comm.recv(part, victim)  # the ranks not answered fail here
+            return part
+        for r in range(tnt_comm.size()):
+            if r != victim:
+                tnt_comm.recv(part, r)
+        for r in [r for r in range(tnt_comm.size()) if r != victim][:answered]:
+            tnt_comm.send(part, r)
+        time.sleep(0.5)  # the answered ranks go on to the next collective of the epoch's end
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+end_exchange = EndExchange()
 
 
 class WatchedMae(keras.metrics.MeanAbsoluteError):
@@ -266,7 +308,8 @@ def training_data() -> dict:
 for first, last in ([(0, FIRST_FIT)] if FIRST_FIT else []) + [(FIRST_FIT, EPOCHS)]:
     history = model.fit(**training_data(), epochs=last, initial_epoch=first, shuffle=False, verbose=0,
                         class_weight=WEIGHTS,
-                        callbacks=[tnt.callbacks.Callback(killer, aggregate_logs=False)])
+                        callbacks=[tnt.callbacks.Callback(end_exchange, aggregate_logs=False),
+                                   tnt.callbacks.Callback(killer, aggregate_logs=False)])
 killer.evaluating = True
 evaluated = model.evaluate(x_val, y_val, batch_size=BATCH, verbose=0, return_dict=True,
                            callbacks=[tnt.callbacks.Callback(killer, aggregate_logs=False)])
@@ -299,6 +342,7 @@ report({
     "members": members,
     "epochs": history.epoch,
     "ends": killer.ends,
+    "end_results": end_exchange.results,
     "serial_epochs": serial_history.epoch,
     "history": history.history,
     "serial_history": serial_history.history,

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from ... import state
 from ...runtime import logger
-from ...slicing import DEFAULT_SHUFFLE_SEED, too_small
+from ...slicing import DEFAULT_SHUFFLE_SEED, rank_rows, too_small
 
 # Transformations that keep the batch structure of their input; we look through them for a batch.
 _ELEMENTWISE = (
@@ -181,6 +181,10 @@ def slice_of(batch: Any, rank: int, size: int) -> Any:
     """Rank ``rank``'s rows of one global ``batch`` of ``size`` ranks (in a pipeline, or eagerly on
     a batch drawn from one)."""
     leaves = [t for t in tf.nest.flatten(batch) if t is not None]
+    static = leaves[0].shape[0] if isinstance(leaves[0], tf.Tensor) else None
+    if static is not None and tf.executing_eagerly():  # a batch drawn: its rows, in Python (no ops to run)
+        start, count = rank_rows(int(static), rank, size)
+        return tf.nest.map_structure(lambda t: _rows(t, start, count), batch)
     rows = tf.shape(leaves[0])[0]
     base = rows // size
     extra = rows % size
