@@ -125,6 +125,8 @@ def test_an_elastic_fit_that_loses_ranks_equals_serial_training(backend: str, sc
     redone_steps = ("step", "after-gradient-sum", "stopped", "second-fit", "pydataset", "tfdata-step")
     if backend != "jax" and scenario in redone_steps:
         assert "runs again on 3 rank(s)" in result.output and "trains epoch" not in result.output, result.output
+    # Said at the start where the input reshuffles (an epoch begun again would read another order), only there.
+    assert ("shuffles anew each time it is read" in result.output) == (scenario == "tfdata-step"), result.output
     if scenario in ("rank-0-epoch-end", "end-exchange"):  # the epoch's end finished, the epoch not redone
         epoch = 3 if scenario == "rank-0-epoch-end" else 2
         assert f"the end of epoch {epoch} is finished on 3 rank(s)" in result.output, result.output[-4000:]
