@@ -92,9 +92,10 @@ def install() -> None:
 class Agreement(keras.callbacks.Callback):
     """Added first to every ``fit``'s callbacks: agrees at each epoch's end whether any rank got a
     preemption signal, for the ``Watch`` at the end of the list to act on. First, so that in an
-    elastic job a rank lost in this collective sends the survivors back to the epoch's start before
-    any callback of the user has seen the epoch end (seeing it twice, a ReduceLROnPlateau or an
-    EarlyStopping would count the epoch twice)."""
+    elastic job the epoch's end begins here (``epoch_end.py``), and a rank lost in this collective
+    sends the survivors back to the epoch's start, where they cannot finish the end, before any
+    callback of the user has seen it (seeing it twice, a ReduceLROnPlateau or an EarlyStopping would
+    count the epoch twice)."""
 
     def __init__(self) -> None:
         super().__init__()

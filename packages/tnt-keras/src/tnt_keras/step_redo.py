@@ -278,7 +278,7 @@ class StepRedo:
             return logs
 
     def _step_done(self) -> None:
-        if self.journal is not None:
+        if self.journal is not None and self.journal.is_open:
             self.journal.close()  # an epoch's end before this step is over everywhere
 
     def _follow(self, error: BaseException, what: str) -> None:
@@ -300,9 +300,13 @@ class StepRedo:
         how = agree(False, True, self.done, AT_END, len(self.journal.entries))
         if not how.finish_end:
             raise elastic.Reformed(error) from error
-        with timeline.span("epoch end finished", epoch=self.journal.epoch, holder=how.holder):
-            logger.warning("the end of epoch %d is finished on %d rank(s)", self.journal.epoch + 1, tnt_comm.size())
+        self._end_finished(how.holder)
         return how.holder
+
+    def _end_finished(self, holder: int) -> None:
+        assert self.journal is not None
+        with timeline.span("epoch end finished", epoch=self.journal.epoch, holder=holder):
+            logger.warning("the end of epoch %d is finished on %d rank(s)", self.journal.epoch + 1, tnt_comm.size())
 
     def _recover(self, error: BaseException, before: list[Any]) -> bool:
         """Re-forms the job after ``error`` in a step; True where another survivor had finished the
@@ -318,11 +322,8 @@ class StepRedo:
         if how.finish_end:  # the others were at the epoch's end before this step: they finish it, then join in
             assert self.journal is not None
             self.journal.take_from(how.holder)
-            logger.warning("the end of epoch %d is finished on %d rank(s)", self.journal.epoch + 1, tnt_comm.size())
-            self._share_out_sums()
-            logger.warning("step %d of this fit runs again on %d rank(s)", self.done + 1, tnt_comm.size())
-            return False
-        if not how.redo_step:
+            self._end_finished(how.holder)  # and this step runs again (every survivor has done as many)
+        elif not how.redo_step:
             raise elastic.Reformed(error) from error
         with timeline.span("lost step redone", step=how.furthest, healer=how.healer):
             if how.slowest < how.furthest:  # some finished it: the first of them hands on its state
@@ -392,8 +393,8 @@ def attach(
         return None
     if val_ds is not None and not dealt_again(val_ds):
         return None  # a validation dataset of another kind cannot be dealt over fewer ranks
-    # Steps are counted within an epoch where Keras starts every epoch's batches anew.
-    # (Not where the data reshuffles: the attempt that goes on with the replacements reads another order.)
+    # Steps are counted within an epoch where Keras starts every epoch's batches anew; not where the
+    # data reshuffles: the attempt that goes on with the replacements would read another order.
     admit_every = int(os.environ.get(ADMIT_STEPS, "100") or 0) if steps_per_epoch is None else 0
     admit_every = 0 if backends.current().reshuffles(ds) else admit_every
     redo = StepRedo(tnt_model, ds, val_ds, class_weight, epoch_start, resume, admit_every,

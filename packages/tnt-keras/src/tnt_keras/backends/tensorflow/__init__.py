@@ -22,6 +22,7 @@ from . import gradients, inputs, steps
 _ERROR_PAYLOAD = "tnt_comm.error"
 
 synced_sum = gradients.synced_sum
+reshuffles = host_inputs.reshuffles  # a tf.data pipeline's answer; tnt's slices of arrays do not
 
 
 def prepare() -> None:
@@ -97,10 +98,6 @@ def distribute(
         )
     return inputs.prepare(x, rank, size, distribute=distribute, micro_batch_size=micro_batch_size, what=what,
                           whole_batches=whole_batches)
-
-
-def reshuffles(ds: Any) -> bool:
-    return isinstance(ds, tf.data.Dataset) and inputs.reshuffles(ds)
 
 
 def drawn_slicer(ds: Any) -> Callable[[Any, int, int], Any] | None:

@@ -167,14 +167,19 @@ def slice_batches(ds: tf.data.Dataset, rank: int, size: int) -> tf.data.Dataset:
             smaller as it comes (a partial last batch) is fine: ranks past its last sample get
             an empty slice and contribute nothing to that step.
     """
-    static = static_batch_size(ds)
-    # Why only the static size: every batch that small leaves ranks idle on every step, which is
-    # a mistake in the batch size; a partial last batch that small is just the end of the data.
-    if static is not None and static < size:
-        raise ValueError(too_small(static, size))
+    _check_batch_size(ds, size)
     if size == 1:
         return ds
     return ds.map(lambda *element: slice_of(element[0] if len(element) == 1 else element, rank, size))
+
+
+def _check_batch_size(ds: tf.data.Dataset, size: int) -> None:
+    """Raises where the dataset's own batch size is smaller than ``size``. Why only the static size:
+    every batch that small leaves ranks idle on every step, which is a mistake in the batch size; a
+    partial last batch that small is just the end of the data."""
+    static = static_batch_size(ds)
+    if static is not None and static < size:
+        raise ValueError(too_small(static, size))
 
 
 def slice_of(batch: Any, rank: int, size: int) -> Any:
@@ -197,7 +202,7 @@ def slice_of(batch: Any, rank: int, size: int) -> Any:
 
 
 whole = state.Marked()
-"""The pipelines ``prepare(whole=True)`` handed over with their global batches whole: each step cuts
+"""The pipelines ``prepare(whole_batches=True)`` handed over with their global batches whole: each step cuts
 this rank's slice from the batch it draws (``slice_of``), so that a lost step's batch can be dealt
 again over the ranks left (``step_redo.py``)."""
 
@@ -249,9 +254,7 @@ def prepare(
         logger.info("the %s is not distributed: every rank reads all of it as its local batches", what)
         return ds
     if whole_batches and size > 1:
-        static = static_batch_size(ds)
-        if static is not None and static < size:
-            raise ValueError(too_small(static, size))
+        _check_batch_size(ds, size)
         ds = ds.take(-1)  # all of it, as an object of tnt's own: the same pipeline may be sliced elsewhere
         whole.add(ds)
         return ds
