@@ -55,8 +55,10 @@ SCENARIOS = {
     "between-calls": (["1@1:nested:1", "4@0:fit_end:1", "0@0:evaluate_end:0"], [2, 3], "2"),
     # A second fit of the model, whose lost step the first fit's step redo must not take for its own.
     "second-fit": (["first_fit=2", "1@2:metrics:1"], [0, 2, 3], "2"),
-    # Inputs other than arrays, in a second fit too: a PyDataset's lost step is redone, a DataLoader's
-    # epoch (its batches cannot be dealt again over fewer ranks).
+    # Inputs other than arrays, in a second fit too, whose lost steps are redone: a PyDataset, and a
+    # DataLoader that shuffles from its generator, whose worker had read the next two batches for 4 ranks
+    # (dealt again for 3: without that 0.016 away from serial Keras; on the code before, which redid the
+    # epoch and drew the loader's generator less often than the user's loader, 0.097).
     "pydataset": (["data=pydataset", "first_fit=2", "2@2:batch:1"], [0, 1, 3], "2"),
     "dataloader": (["data=dataloader", "first_fit=1", "2@1:metrics:1"], [0, 1, 3], "2"),
     # A tf.data pipeline that shuffles anew every epoch, validated on another (TensorFlow): the step is
@@ -125,18 +127,19 @@ def test_an_elastic_fit_that_loses_ranks_equals_serial_training(backend: str, sc
             assert close(report["evaluated"][key], value), (key, report["evaluated"], report["serial_evaluated"])
         assert report["predicted_shape"] == [48, 1], report  # every row once, in order
         assert report["predict_error"] <= TOL * max(1.0, report["predict_scale"]), report
-    redone_steps = ("step", "after-gradient-sum", "stopped", "second-fit", "pydataset", "tfdata-step")
+    redone_steps = ("step", "after-gradient-sum", "stopped", "second-fit", "pydataset", "dataloader", "tfdata-step")
     if backend != "jax" and scenario in redone_steps:
         assert "runs again on 3 rank(s)" in result.output and "trains epoch" not in result.output, result.output
     # Said at the start where the input reshuffles (an epoch begun again would read another order), only there.
-    assert ("shuffles anew each time it is read" in result.output) == (scenario == "tfdata-step"), result.output
+    reshuffling = scenario in ("tfdata-step", "dataloader")
+    assert ("shuffles anew each time it is read" in result.output) == reshuffling, result.output
     if scenario == "tfdata-step":
         assert "rank 4 (host localhost, local rank 3) was not needed" in result.output, result.output[-4000:]
     if scenario in ("rank-0-epoch-end", "end-exchange"):  # the epoch's end finished, the epoch not redone
         epoch = 3 if scenario == "rank-0-epoch-end" else 2
         assert f"the end of epoch {epoch} is finished on 3 rank(s)" in result.output, result.output[-4000:]
         assert "trains epoch" not in result.output, result.output[-4000:]
-    if scenario in ("dataloader", "two-in-validation"):  # the epoch redone, no step
+    if scenario == "two-in-validation":  # the epoch redone, no step
         assert "trains epoch" in result.output and "runs again" not in result.output, result.output
     lost = [int(a.split("@")[0]) for a in args if "@" in a and not a.startswith("wait")]
     for victim in lost:

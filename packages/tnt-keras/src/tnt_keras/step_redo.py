@@ -1,5 +1,6 @@
 """Redoing the step a rank was lost in, instead of its epoch (an elastic fit on the torch or
-TensorFlow backend, of tnt's slices of arrays or a ``PyDataset``, with Keras' own train step).
+TensorFlow backend, of tnt's slices of arrays, a ``PyDataset`` or a torch ``DataLoader``, or a
+TensorFlow pipeline handed over whole, with Keras' own train step).
 
 A train step changes the model in three places: its forward pass changes the small state (the
 non-trainable variables: moving statistics, dropout seeds; the loss tracker), the optimizer's update
@@ -70,7 +71,8 @@ def redoes_steps(tnt_model: keras.Model) -> bool:
 
 def dealt_again(ds: Any) -> bool:
     """Whether a batch of ``ds`` can be dealt again over fewer ranks within an epoch: tnt's slices of
-    arrays or of a ``PyDataset`` (by index), or a pipeline whose global batches the step slices."""
+    arrays, of a ``PyDataset`` or of a ``DataLoader`` (by index), or a pipeline whose global batches
+    the step slices."""
     return hasattr(ds, "last_index") or backends.current().drawn_slicer(ds) is not None
 
 
@@ -115,7 +117,7 @@ def agree(in_step: bool, healable: bool, done: int, phase: int = ELSEWHERE, resu
 
 class StepRedo:
     """Wraps ``model.train_function`` for one attempt of an elastic fit; ``ds`` is what the attempt
-    trains on (``ArraySlices``/``DatasetSlices``), ``val_ds`` what it validates on (re-dealt too,
+    trains on (``ArraySlices``/``DatasetSlices``/``LoaderSlices``), ``val_ds`` what it validates on (re-dealt too,
     where it is tnt's), ``class_weight`` the fit's."""
 
     def __init__(

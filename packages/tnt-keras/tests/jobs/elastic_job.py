@@ -18,13 +18,15 @@ ranks answered go on to the next one, the others take its result from them); or 
 F times the length of its last step after its K-th training batch began (redone ones counted too),
 wherever it is then. "epochs=N" trains N epochs (default 4); "first_fit=E" trains them in two
 fits, the first to epoch E, the second on from there (the History reported is the second's, which
-must not be disturbed by what the first left behind); "data=tfdata|pydataset|dataloader" trains
-on the arrays' global batches in one of those; "data=tfdata-shuffled" on a tf.data pipeline that
-shuffles the arrays anew every epoch (seeded), and validates on one (serial Keras on the same
-pipelines, in one fit); "model=syncbn" puts a SyncBatchNormalization into
-the model; "class_weight" weights class 1 three times class 0. "wait@EPOCH[:BATCH]": every rank
-waits at the start of epoch EPOCH (or of its training batch BATCH) until a replacement rank
-(tnt-launch --elastic MIN:MAX) has asked the job's store to join, so that it joins the fit there.
+must not be disturbed by what the first left behind); "data=tfdata|pydataset" trains on the
+arrays' global batches in one of those; "data=dataloader" on a torch DataLoader that shuffles them
+anew every epoch from a seeded generator, read ahead by a worker (serial Keras on the same loader);
+"data=tfdata-shuffled" on a tf.data pipeline that shuffles the arrays anew every epoch (seeded), and
+validates on one (serial Keras on the same pipelines, in one fit); "model=syncbn" puts a
+SyncBatchNormalization into the model; "class_weight" weights class 1 three times class 0.
+"wait@EPOCH[:BATCH]": every rank waits at the start of epoch EPOCH (or of its training batch BATCH)
+until a replacement rank (tnt-launch --elastic MIN:MAX) has asked the job's store to join, so that
+it joins the fit there.
 Every rank that is left writes its report."""
 
 import _quick_start  # noqa: F401, I001  (first: the collector waits out the imports)
@@ -281,8 +283,9 @@ class Batches(keras.utils.PyDataset):
 
 def training_data() -> dict:
     """What fit trains and validates on: the arrays themselves, or their global batches in order as
-    a tf.data pipeline, a PyDataset or a torch DataLoader ("data=tfdata|pydataset|dataloader"), or
-    a tf.data pipeline that shuffles them anew every epoch ("data=tfdata-shuffled")."""
+    a tf.data pipeline or a PyDataset ("data=tfdata|pydataset"), shuffled by a torch DataLoader
+    ("data=dataloader"), or a tf.data pipeline that shuffles them anew every epoch
+    ("data=tfdata-shuffled")."""
     validation = {"validation_data": (x_val, y_val)}
     if DATA == "tfdata-shuffled":
         import tensorflow as tf
@@ -297,12 +300,22 @@ def training_data() -> dict:
     if DATA == "pydataset":
         return {"x": Batches(), **validation}
     if DATA == "dataloader":
-        import torch
-
-        return {"x": torch.utils.data.DataLoader(
-            torch.utils.data.TensorDataset(torch.from_numpy(x), torch.from_numpy(y)), batch_size=BATCH),
-            **validation}
+        return {"x": LOADER, **validation}
     return {"x": x, "y": y, "batch_size": BATCH, **validation}
+
+
+def shuffled_loader():
+    """A torch DataLoader of the arrays that shuffles them anew every epoch from a seeded generator of
+    its own, its worker reading two batches ahead."""
+    import torch
+
+    return torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.from_numpy(x), torch.from_numpy(y)), batch_size=BATCH, shuffle=True,
+        generator=torch.Generator().manual_seed(5), num_workers=1, prefetch_factor=2)
+
+
+# One loader for both fits (its generator goes on from the first to the second), as serial Keras' one fit.
+LOADER = shuffled_loader() if DATA == "dataloader" else None
 
 
 for first, last in ([(0, FIRST_FIT)] if FIRST_FIT else []) + [(FIRST_FIT, EPOCHS)]:
@@ -318,8 +331,11 @@ predicted = model.predict(x_val, batch_size=BATCH, verbose=0,
 killer.armed = False
 
 serial = build(serial=True)
-serial_data = training_data() if DATA == "tfdata-shuffled" else {"x": x, "y": y, "batch_size": BATCH,
-                                                                   "validation_data": (x_val, y_val)}
+serial_data = {"x": x, "y": y, "batch_size": BATCH, "validation_data": (x_val, y_val)}
+if DATA == "tfdata-shuffled":
+    serial_data = training_data()
+if DATA == "dataloader":
+    serial_data = {"x": shuffled_loader(), "validation_data": (x_val, y_val)}
 serial_history = serial.fit(**serial_data, epochs=EPOCHS, shuffle=False, verbose=0, class_weight=WEIGHTS)
 serial_evaluated = serial.evaluate(x_val, y_val, batch_size=BATCH, verbose=0, return_dict=True)
 serial_predicted = serial.predict(x_val, batch_size=BATCH, verbose=0)

@@ -92,6 +92,43 @@ if BACKEND == "torch":
                                  size=size, shuffle=False, distribute=True, micro_batch_size=None, what="test")
     results["loader_shuffled"] = [int(v) for x, _ in shuffled_loader for v in x[:, 0]]
 
+    def rows_of(batch: np.ndarray, r: int, s: int) -> list[int]:
+        start, count = rank_rows(len(batch), r, s)
+        return [int(i) for i in batch[start : start + count]]
+
+    def loader_with(seed: int) -> DataLoader:
+        """A loader that shuffles from a generator of its own, its worker reading two batches ahead."""
+        generator = torch.Generator().manual_seed(seed)
+        return DataLoader(Counting(), batch_size=BATCH, shuffle=True, generator=generator, num_workers=1,
+                          prefetch_factor=2)
+
+    def ids_of(batch: torch.Tensor) -> list[int]:
+        return [int(v) for v in batch[:, 0]]
+
+    # Two passes of such a loader: each rank's slices of the global batches the same loader gives serially.
+    serial = loader_with(9)
+    serial_batches = [np.array(ids_of(x)) for _ in range(2) for x, _ in serial]
+    sliced = distribute(loader_with(9), None, None, None, rank=rank, size=size, shuffle=False, distribute=True,
+                        micro_batch_size=None, what="test")
+    results["loader_generator"] = [ids_of(x) for _ in range(2) for x, _ in sliced]
+    results["loader_generator_expected"] = [rows_of(b, rank, size) for b in serial_batches]
+    # The ranks change after the first batch (an elastic job re-forming on 2 ranks): the batches the
+    # worker read ahead for 3 are dealt again for 2, and the first batch again by its index.
+    serial_batches = [np.array(ids_of(x)) for x, _ in loader_with(11)]
+    redealt = distribute(loader_with(11), None, None, None, rank=rank, size=size, shuffle=False, distribute=True,
+                         micro_batch_size=None, what="test")
+    after = (min(rank, 1), 2)
+    got = []
+    for number, (x, _) in enumerate(redealt):
+        got.append(ids_of(x))
+        if number == 0:
+            redealt.rank, redealt.size = after
+            got.append(ids_of(redealt[0][0]))
+    results["loader_redealt"] = got
+    first = serial_batches[0]
+    results["loader_redealt_expected"] = [rows_of(first, rank, size), rows_of(first, *after)] + [
+        rows_of(b, *after) for b in serial_batches[1:]]
+
 
 # Up to here only tnt ran: no TensorFlow. (Keras' own set_random_seed, which build() calls, imports
 # TensorFlow wherever it is installed, on any backend.)

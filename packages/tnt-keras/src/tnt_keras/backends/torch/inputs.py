@@ -2,7 +2,8 @@
 memory as on every such backend (``backends/host_inputs.py``: numpy arrays, PyDatasets, tf.data),
 torch tensors among the arrays, and a ``torch.utils.data.DataLoader`` with a batch size: the same
 loader over this rank's indices of every global batch (a batch sampler of our own), so each rank
-loads only its rows.
+loads only its rows, and which deals a batch again by index for the ranks left after an elastic
+job re-formed (``LoaderSlices``).
 
 The rule (``slicing.py``) is the TensorFlow backend's: rank r takes rows ``[start_r, start_r + b_r)``.
 """
@@ -27,24 +28,32 @@ def is_dataset(x: Any) -> bool:
     return native or host_inputs.is_tf_dataset(x) or host_inputs.is_generator(x)
 
 
-class RankBatchSampler(torch.utils.data.Sampler[list[tuple[Any, bool]]]):
-    """This rank's indices of every global batch that ``batches`` yields, each marked to be kept.
+def _marked(indices: list[Any], rank: int, size: int) -> list[tuple[Any, bool]]:
+    """This rank's indices of a global batch, each marked to be kept. A slice may be empty (a last
+    batch of fewer rows than ranks), but a DataLoader cannot collate nothing into a batch of the right
+    structure: such a slice loads the batch's first row, marked, and ``_CollateMarked`` cuts the
+    collated batch to 0 rows."""
+    start, count = rank_rows(len(indices), rank, size)
+    return [(i, True) for i in indices[start : start + count]] if count else [(indices[0], False)]
 
-    A slice may be empty (a last batch of fewer rows than ranks), but a DataLoader cannot collate
-    nothing into a batch of the right structure: such a slice loads the batch's first row, marked,
-    and ``_collate_marked`` cuts the collated batch to 0 rows."""
+
+class RankBatchSampler(torch.utils.data.Sampler[list[tuple[Any, bool]]]):
+    """This rank's indices of every global batch that ``batches`` yields, for the ranks there are
+    as it yields it (``rank`` and ``size`` change where an elastic job re-forms). ``dealt`` keeps,
+    for each batch of this pass not yet trained on, its global indices and the ranks it was dealt
+    for: the loader reads ahead (worker processes), so a batch may have been dealt for the job
+    before it re-formed."""
 
     def __init__(self, batches: Any, rank: int, size: int) -> None:
         self.batches, self.rank, self.size = batches, rank, size
+        self.dealt: dict[int, tuple[list[Any], int, int]] = {}
 
     def __iter__(self) -> Iterator[list[tuple[Any, bool]]]:
-        for batch in self.batches:
+        self.dealt = {}
+        for number, batch in enumerate(self.batches):
             indices = list(batch)
-            start, count = rank_rows(len(indices), self.rank, self.size)
-            if count == 0:
-                yield [(indices[0], False)]
-            else:
-                yield [(i, True) for i in indices[start : start + count]]
+            self.dealt[number] = (indices, self.rank, self.size)
+            yield _marked(indices, self.rank, self.size)
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -78,6 +87,69 @@ class _CollateMarked:
         return keras.tree.map_structure(lambda t: t[:0] if hasattr(t, "__getitem__") else t, batch)
 
 
+class LoaderSlices(DataLoader):
+    """This rank's rows of every global batch of a user's ``DataLoader``: a loader of the same
+    dataset, workers and collate function over this rank's indices of each batch
+    (``RankBatchSampler``), drawing from the user's generator as the user's loader would (the same
+    order as serial Keras on it).
+
+    Like tnt's slices of arrays, it deals a batch again by index (``self[i]``: batch ``i`` of this
+    pass, for the ranks there are now, loaded here), and knows the batch in training
+    (``last_index``): an elastic fit redoes a lost step on it. A batch that the workers loaded
+    before the job re-formed is loaded again for the ranks left."""
+
+    def __init__(self, loader: DataLoader, batches: Any, rank: int, size: int) -> None:
+        self.ranks = RankBatchSampler(batches, rank, size)
+        self.last_index = 0
+        super().__init__(
+            _MarkedRows(loader.dataset),
+            batch_sampler=self.ranks,
+            num_workers=loader.num_workers,
+            collate_fn=_CollateMarked(loader.collate_fn),
+            pin_memory=loader.pin_memory,
+            timeout=loader.timeout,
+            worker_init_fn=loader.worker_init_fn,
+            multiprocessing_context=loader.multiprocessing_context,
+            generator=loader.generator,
+            prefetch_factor=loader.prefetch_factor if loader.num_workers > 0 else None,
+            persistent_workers=loader.persistent_workers,
+        )
+
+    @property
+    def rank(self) -> int:
+        return self.ranks.rank
+
+    @rank.setter
+    def rank(self, rank: int) -> None:
+        self.ranks.rank = rank
+
+    @property
+    def size(self) -> int:
+        return self.ranks.size
+
+    @size.setter
+    def size(self, size: int) -> None:
+        self.ranks.size = size
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        # The loader's iterator made now, as a DataLoader's: its making draws from the generator
+        # (the workers' seed), and Keras makes the next epoch's at the end of the one before.
+        return self._dealt(super().__iter__())
+
+    def _dealt(self, loaded: Iterator[Any]) -> Iterator[Any]:
+        for number, batch in enumerate(loaded):
+            self.last_index = number
+            _, rank, size = self.ranks.dealt[number]
+            for done in [n for n in self.ranks.dealt if n < number]:
+                del self.ranks.dealt[done]  # trained on: never dealt again
+            yield batch if (rank, size) == (self.rank, self.size) else self[number]
+
+    def __getitem__(self, number: int) -> Any:
+        """Batch ``number`` of this pass, this rank's slice of it among the ranks there are now."""
+        indices, _, _ = self.ranks.dealt[number]
+        return self.collate_fn([self.dataset[m] for m in _marked(indices, self.rank, self.size)])
+
+
 def reshuffles(ds: Any) -> bool:
     """A DataLoader that shuffles (its sampler draws each epoch's order from a generator that goes
     on), or a ``tf.data`` pipeline that does."""
@@ -102,18 +174,7 @@ def _loader_slices(loader: DataLoader, rank: int, size: int) -> DataLoader:
             sampler = RandomSampler(sampler.data_source, sampler.replacement, sampler._num_samples, generator)
             logger.info("DataLoader shuffled without a generator: using seed %d on every rank", DEFAULT_SHUFFLE_SEED)
         batches = BatchSampler(sampler, batches.batch_size, batches.drop_last)
-    return DataLoader(
-        _MarkedRows(loader.dataset),
-        batch_sampler=RankBatchSampler(batches, rank, size),
-        num_workers=loader.num_workers,
-        collate_fn=_CollateMarked(loader.collate_fn),
-        pin_memory=loader.pin_memory,
-        timeout=loader.timeout,
-        worker_init_fn=loader.worker_init_fn,
-        multiprocessing_context=loader.multiprocessing_context,
-        prefetch_factor=loader.prefetch_factor if loader.num_workers > 0 else None,
-        persistent_workers=loader.persistent_workers,
-    )
+    return LoaderSlices(loader, batches, rank, size)
 
 
 # The shared slicing of host-memory inputs, with torch's own: tensors kept as they are, and a
