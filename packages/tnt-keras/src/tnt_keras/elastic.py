@@ -59,33 +59,54 @@ def enabled() -> bool:
     return value.isdigit() and int(value) > 0
 
 
+def _no_order(ds: Any) -> None:  # noqa: ARG001
+    return None
+
+
 class EpochStart(keras.callbacks.Callback):
     """Keeps the variables as they were when each of the last two epochs began (the survivors may be
-    one epoch apart when a rank is lost at an epoch's end)."""
+    one epoch apart when a rank is lost at an epoch's end), and the state the training input drew
+    that epoch's order from, where the backend can read and set it (``order_state(inputs)``: a
+    torch DataLoader's generators), so that an epoch begun again, or joined, reads the order it had."""
 
-    def __init__(self, variables: Callable[[], list[Any]]) -> None:
+    def __init__(
+        self, variables: Callable[[], list[Any]], order_state: Callable[[Any], Any] = _no_order,
+        set_order_state: Callable[[Any, Any], None] | None = None,
+    ) -> None:
         super().__init__()
         self.variables = variables
+        self.order_state, self.set_order_state = order_state, set_order_state
+        self.inputs: Any = None  # what the attempt trains on (fit sets it)
         self.epoch: int | None = None
         self.saved: dict[int, list[np.ndarray]] = {}
+        self.orders: dict[int, np.ndarray] = {}  # the input's order state as each epoch began
+        self.order: np.ndarray | None = None  # the one the next epoch begins with: set back there
         self.resume: tuple[int, int] = (-1, 0)  # (epoch, step) the next attempt goes on from
         self.admits = True  # replacements that wait join at an epoch's start (not where the data reshuffles)
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         self.epoch = epoch
         resume, self.resume = self.resume, (-1, 0)
+        if self.order is not None and self.set_order_state is not None:  # before Keras reads the epoch's first batch
+            self.set_order_state(self.inputs, self.order)
+            self.order = None
         if resume[0] == epoch and resume[1] > 0:
             return  # an attempt that goes on in the epoch's middle: the epoch began before, and its copy stands
+        order = self.order_state(self.inputs)  # before the admission: the replacements take it
+        if order is not None:
+            self.orders[epoch] = order
         # Replacements that wait are admitted where every rank is alike: here (one broadcast).
         if self.admits and epoch_end.collective(tnt_comm.admit):
             raise Grown(epoch)
         self.saved[epoch] = [np.array(keras.ops.convert_to_numpy(v.value)) for v in self.variables()]
-        for old in [e for e in self.saved if e < epoch - 1]:
-            del self.saved[old]
+        for kept in (self.saved, self.orders):
+            for old in [e for e in kept if e < epoch - 1]:
+                del kept[old]
 
     def restore(self, epoch: int) -> None:
-        """Puts back the variables ``epoch`` began with. Collective: a replacement that joined in
-        the epoch's middle has no copy of them, and takes the first survivor's."""
+        """Puts back the variables ``epoch`` began with, and the input's order state for the epoch
+        begun again. Collective: a replacement that joined in the epoch's middle has no copy of
+        them, and takes the first survivor's."""
         values = self.saved.get(epoch)
         have = np.array([tnt_comm.rank() if values is not None else _NOBODY, 0 if values is not None else -1])
         holder, lacking = (int(v) for v in tnt_comm.allreduce(have, op="min"))
@@ -94,8 +115,22 @@ class EpochStart(keras.callbacks.Callback):
         if values is not None:
             for variable, value in zip(self.variables(), values, strict=True):
                 variable.assign(value)
+            self.order = self.orders.get(epoch)
         if lacking:
             shared_variables.broadcast_variables(self.variables(), root=holder, checked=True)
+            self._take_order(epoch, holder)
+
+    def share_order(self, epoch: int) -> None:
+        """After replacements joined at ``epoch``: every rank begins it in the order rank 0 began it
+        with (collective: one broadcast, where the input has an order state)."""
+        self._take_order(epoch, 0)
+
+    def _take_order(self, epoch: int, holder: int) -> None:
+        mine = self.order_state(self.inputs)  # the same kind of input on every rank: the same size
+        if mine is None:
+            return
+        held = self.orders.get(epoch, mine) if tnt_comm.rank() == holder else mine
+        self.order = np.asarray(tnt_comm.broadcast(np.ascontiguousarray(held), root=holder))
 
 
 def _follow_the_job(tnt_model: keras.Model, retrace: bool = True) -> None:
@@ -157,17 +192,17 @@ def grown(tnt_model: keras.Model, epoch: int, step: int, before: int) -> tuple[i
     return epoch, step
 
 
-def joined_at(first_epoch: int) -> tuple[int, int]:
+def joined_at(first_epoch: int) -> tuple[int, int, bool]:
     """In a replacement's first fit: the epoch and step the job is at, and the calls it has closed,
-    from rank 0 (``grown``'s broadcast); elsewhere ``first_epoch``'s start."""
+    from rank 0 (``grown``'s broadcast), and True; elsewhere ``first_epoch``'s start and False."""
     global _joined
     if _joined or JOIN not in os.environ:
-        return first_epoch, 0
+        return first_epoch, 0, False
     _joined = True
     here = np.array([first_epoch, 0, 0], np.int64)
     epoch, step, closed = (int(v) for v in tnt_comm.broadcast(here, root=0))
     call_boundary.joined(closed)
-    return epoch, step
+    return epoch, step, True
 
 
 def epoch_to_redo(epoch_start: EpochStart, first_epoch: int) -> int:

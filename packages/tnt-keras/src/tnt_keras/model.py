@@ -482,9 +482,11 @@ class Model(keras.Model):
         """``fit`` in an elastic job: after a lost rank the survivors re-form the job and redo the
         step it was lost in (step_redo.py), or where they cannot, the epoch, from the variables that
         epoch began with (elastic.py)."""
-        epoch_start = elastic.EpochStart(lambda: shared_variables.model_and_optimizer_variables(self._model))
+        epoch_start = elastic.EpochStart(
+            lambda: shared_variables.model_and_optimizer_variables(self._model), self._backend.order_state,
+            self._backend.set_order_state)
         done = elastic.Epochs()
-        first, step = elastic.joined_at(initial_epoch)
+        first, step, grew = elastic.joined_at(initial_epoch)
         resume = step_redo.Resume(step)
         resuming = False
         while True:
@@ -493,16 +495,20 @@ class Model(keras.Model):
             redo = step_redo.attach(self, ds, val_ds, class_weight, epoch_start, resume, steps_per_epoch)
             if redo is None and whole:  # the steps are not redone: every pipeline is sliced as it is read
                 ds, val_ds = datasets()
+            epoch_start.inputs = ds
+            if grew:  # replacements joined: every rank reads the epoch in the order rank 0 began it with
+                epoch_start.share_order(first)
+                grew = False
             epoch_start.admits = not self._backend.reshuffles(ds)
             if not epoch_start.admits and not resuming:
                 logger.warning(
                     "the training dataset shuffles anew each time it is read (tf.data's shuffle with "
-                    "reshuffle_each_iteration=True, or a DataLoader with shuffle=True), from a generator tnt cannot "
-                    "set back: in this elastic fit a lost step is redone in its order, but an epoch begun again "
-                    "(a rank lost outside a train step) reads another order than serial training, and replacement "
-                    "ranks are not admitted (they would read another order than the others). For exact recovery "
-                    "everywhere pass arrays (tnt shuffles them per epoch from a seed) or shuffle with "
-                    "reshuffle_each_iteration=False."
+                    "reshuffle_each_iteration=True, or a shuffling DataLoader that tnt does not slice), from a "
+                    "generator tnt cannot set back: in this elastic fit a lost step is redone in its order, but an "
+                    "epoch begun again (a rank lost outside a train step) reads another order than serial training, "
+                    "and replacement ranks are not admitted (they would read another order than the others). For "
+                    "exact recovery everywhere pass arrays (tnt shuffles them per epoch from a seed) or a DataLoader "
+                    "(tnt sets its generator back), or shuffle with reshuffle_each_iteration=False."
                 )
             if first != initial_epoch and hasattr(ds, "start_at"):  # tnt's slices of arrays and PyDatasets
                 ds.start_at(first - initial_epoch)  # the epoch redone (or joined) keeps the order it had
@@ -524,6 +530,7 @@ class Model(keras.Model):
             except elastic.Grown as e:
                 attempt = getattr(self._model, "history", None)
                 first, step = elastic.grown(self, e.epoch, e.step, state.of(self).size)
+                grew = True
                 resume = step_redo.Resume(step, redo.sums if redo is not None else None)
             finally:
                 if redo is not None:

@@ -2,9 +2,10 @@
 arguments name, and what the survivors end with, against serial Keras on the same global batches:
 weights, optimizer state, every epoch's logs (History, validation included) and a later evaluate.
 
-Arguments: kills as MEMBER@EPOCH:WHERE[:BATCH], MEMBER being the rank in the job's first
-generation, WHERE one of "batch" (before training batch BATCH of epoch EPOCH), "stop" (there, but
-stopped by SIGSTOP instead: the others time out, and tnt-launch ends it), "metrics" (inside
+Arguments: kills as MEMBER@EPOCH:WHERE[:BATCH[:GENERATION]], MEMBER being the rank in the job's
+first generation, GENERATION the job's generation the kill is made in (default 0, the first),
+WHERE one of "batch" (before training batch BATCH of epoch EPOCH), "stop" (there, but stopped by
+SIGSTOP instead: the others time out, and tnt-launch ends it), "metrics" (inside
 training batch BATCH of epoch EPOCH, after its gradient sum, before its metric sum), "epoch_end" (at
 the end of epoch EPOCH, after its validation), "validation" (before validation batch BATCH of epoch
 EPOCH), "evaluate" (before batch BATCH of the evaluate after the fit), "predict" (before batch
@@ -61,6 +62,7 @@ y = (x.sum(axis=1, keepdims=True) > 4).astype("float32")
 x_val, y_val = x[:48] * 0.5, y[:48]
 
 kills, wait_at = [], None
+in_generation = {}  # a kill's generation of the job, where not its first (MEMBER@EPOCH:WHERE:BATCH:GENERATION)
 for arg in [a for a in sys.argv[1:] if "@" in a]:
     member, rest = arg.split("@")
     if member == "wait":
@@ -72,6 +74,8 @@ for arg in [a for a in sys.argv[1:] if "@" in a]:
         kills.append((int(member), int(where), "step", float(batch[0])))
         continue
     kills.append((int(member), int(epoch), where, int(batch[0]) if batch else 0))
+    if len(batch) > 1:
+        in_generation[kills[-1]] = int(batch[1])
 member = tnt_comm.membership()[1][tnt_comm.rank()]  # its rank in the first generation, or its id as a replacement
 CLOSING = {"fit_end": 0, "evaluate_end": 1}  # the calls whose closing collective a kill may name, by count
 real_closing = call_boundary._closing_collective
@@ -200,7 +204,7 @@ def replacement_waits() -> bool:
 
 
 class Killer(keras.callbacks.Callback):
-    """Kills this rank where the arguments say, in the job's first generation only."""
+    """Kills this rank where the arguments say, in the job's first generation (or the one a kill names)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -210,9 +214,13 @@ class Killer(keras.callbacks.Callback):
         self.ends = []  # the epochs whose end this callback saw, in order
 
     def _maybe(self, where: str, batch: int = 0) -> None:
-        if tnt_comm.membership()[0] != 0 or not self.armed:
+        if not self.armed:
             return
-        for who, epoch, at, at_batch in kills:
+        generation = tnt_comm.membership()[0]
+        for kill in kills:
+            who, epoch, at, at_batch = kill
+            if generation != in_generation.get(kill, 0):
+                continue
             after_fit = where in ("evaluate", "predict")
             if who == member and at == where and at_batch == batch and (after_fit or epoch == self.epoch):
                 os.kill(os.getpid(), signal.SIGKILL)

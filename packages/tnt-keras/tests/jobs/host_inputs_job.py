@@ -105,13 +105,23 @@ if BACKEND == "torch":
     def ids_of(batch: torch.Tensor) -> list[int]:
         return [int(v) for v in batch[:, 0]]
 
-    # Two passes of such a loader: each rank's slices of the global batches the same loader gives serially.
+    def sliced(loader: DataLoader) -> DataLoader:
+        return distribute(loader, None, None, None, rank=rank, size=size, shuffle=False, distribute=True,
+                          micro_batch_size=None, what="test")
+
+    # Three passes of such a loader (the third sliced anew, as a second fit slices it): each rank's slices
+    # of the global batches the same loader gives serially.
     serial = loader_with(9)
-    serial_batches = [np.array(ids_of(x)) for _ in range(2) for x, _ in serial]
-    sliced = distribute(loader_with(9), None, None, None, rank=rank, size=size, shuffle=False, distribute=True,
-                        micro_batch_size=None, what="test")
-    results["loader_generator"] = [ids_of(x) for _ in range(2) for x, _ in sliced]
+    serial_batches = [np.array(ids_of(x)) for _ in range(3) for x, _ in serial]
+    users = loader_with(9)
+    first_fit = sliced(users)
+    results["loader_generator"] = [ids_of(x) for loader in (first_fit, first_fit, sliced(users)) for x, _ in loader]
     results["loader_generator_expected"] = [rows_of(b, rank, size) for b in serial_batches]
+    # A loader that shuffles without a generator: tnt's seeded one goes on from one slicing to the next.
+    once = sliced(DataLoader(Counting(), batch_size=BATCH, shuffle=True))
+    results["loader_seeded_expected"] = [ids_of(x) for _ in range(2) for x, _ in once]
+    users = DataLoader(Counting(), batch_size=BATCH, shuffle=True)
+    results["loader_seeded"] = [ids_of(x) for _ in range(2) for x, _ in sliced(users)]
     # The ranks change after the first batch (an elastic job re-forming on 2 ranks): the batches the
     # worker read ahead for 3 are dealt again for 2, and the first batch again by its index.
     serial_batches = [np.array(ids_of(x)) for x, _ in loader_with(11)]

@@ -59,8 +59,20 @@ class Backend(Protocol):
 
     def reshuffles(self, ds: Any) -> bool:
         """Whether what ``distribute`` returned draws a new order each time it is read, from a state
-        that goes on (a ``tf.data`` shuffle with ``reshuffle_each_iteration``, a DataLoader's random
-        sampler): an epoch begun again on it reads the batches in another order than it had."""
+        that goes on and that tnt cannot set back (a ``tf.data`` shuffle with
+        ``reshuffle_each_iteration``, a DataLoader handed to Keras as it is): an epoch begun again on
+        it reads the batches in another order than it had."""
+        ...
+
+    def order_state(self, ds: Any) -> Any:
+        """Where what ``distribute`` returned draws each pass's order from a state tnt can read and
+        set (a torch DataLoader's generators), that state as a numpy array of bytes; else None. An
+        elastic fit keeps it at each epoch's start, and sets it back to begin an epoch again in
+        the order it had (``elastic.EpochStart``)."""
+        ...
+
+    def set_order_state(self, ds: Any, state: Any) -> None:
+        """Sets ``ds``'s order back to ``state`` (``order_state``)."""
         ...
 
     def drawn_slicer(self, ds: Any) -> Callable[[Any, int, int], Any] | None:

@@ -224,6 +224,16 @@ def reshuffles(ds: Any) -> bool:
     return pipeline_reshuffles(ds)
 
 
+def order_state(ds: Any) -> None:  # noqa: ARG001
+    """None: tnt's slices shuffle from a seed per epoch (``start_at``); a ``tf.data`` shuffle's state
+    cannot be read."""
+    return None
+
+
+def set_order_state(ds: Any, state: Any) -> None:  # noqa: ARG001
+    """Nothing to set (``order_state``)."""
+
+
 def drawn_slicer(ds: Any) -> None:  # noqa: ARG001
     """None: these backends' steps get batches dealt already (TensorFlow's: ``tensorflow/__init__.py``)."""
     return None

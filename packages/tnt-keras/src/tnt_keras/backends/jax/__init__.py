@@ -29,8 +29,10 @@ __all__ = [
     "install_hooks",
     "is_dataset",
     "jit_compile",
+    "order_state",
     "predicted_outputs",
     "reshuffles",
+    "set_order_state",
     "summed_values",
     "synced_sum",
     "update_at_step_end",
@@ -42,6 +44,8 @@ global_batch_size = host_inputs.global_batch_size
 build = host_inputs.build
 drawn_slicer = host_inputs.drawn_slicer
 reshuffles = host_inputs.reshuffles
+order_state = host_inputs.order_state
+set_order_state = host_inputs.set_order_state
 build_for_predict = host_inputs.build_for_predict
 
 

@@ -23,6 +23,8 @@ _ERROR_PAYLOAD = "tnt_comm.error"
 
 synced_sum = gradients.synced_sum
 reshuffles = host_inputs.reshuffles  # a tf.data pipeline's answer; tnt's slices of arrays do not
+order_state = host_inputs.order_state  # a tf.data shuffle's state cannot be read
+set_order_state = host_inputs.set_order_state
 
 
 def prepare() -> None:

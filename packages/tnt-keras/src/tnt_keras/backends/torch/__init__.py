@@ -12,7 +12,7 @@ import keras
 from .. import explain_python_errors as explain_errors
 from .. import host_inputs, without_xla
 from . import gradients, steps
-from .inputs import distribute, is_dataset, reshuffles
+from .inputs import distribute, is_dataset, order_state, reshuffles, set_order_state
 
 __all__ = [
     "build",
@@ -25,8 +25,10 @@ __all__ = [
     "install_hooks",
     "is_dataset",
     "jit_compile",
+    "order_state",
     "predicted_outputs",
     "reshuffles",
+    "set_order_state",
     "summed_values",
     "synced_sum",
     "update_at_step_end",

@@ -11,10 +11,12 @@ The rule (``slicing.py``) is the TensorFlow backend's: rank r takes rows ``[star
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
 import keras
+import numpy as np
 import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
@@ -149,14 +151,57 @@ class LoaderSlices(DataLoader):
         indices, _, _ = self.ranks.dealt[number]
         return self.collate_fn([self.dataset[m] for m in _marked(indices, self.rank, self.size)])
 
+    def _generators(self) -> list[torch.Generator]:
+        """What each pass draws from: the sampler's generator (its order) and the loader's (its
+        workers' seed), each once."""
+        found: list[torch.Generator] = []
+        for generator in (getattr(getattr(self.ranks.batches, "sampler", None), "generator", None), self.generator):
+            if generator is not None and all(generator is not g for g in found):
+                found.append(generator)
+        return found
+
+    def order_state(self) -> np.ndarray | None:
+        """The state of the generators the next pass draws from, as bytes (None: it draws from none)."""
+        states = [g.get_state().numpy() for g in self._generators()]
+        return np.concatenate(states) if states else None
+
+    def set_order_state(self, state: np.ndarray) -> None:
+        """Sets the generators back to ``state`` (``order_state``): the next pass reads the order the
+        pass after that state read."""
+        offset = 0
+        for generator in self._generators():
+            length = generator.get_state().numel()
+            generator.set_state(torch.from_numpy(np.array(state[offset : offset + length], np.uint8)))
+            offset += length
+
 
 def reshuffles(ds: Any) -> bool:
-    """A DataLoader that shuffles (its sampler draws each epoch's order from a generator that goes
-    on), or a ``tf.data`` pipeline that does."""
+    """A DataLoader that shuffles from a state tnt cannot set back (one handed to Keras as it is: its
+    sampler draws each epoch's order from a generator that goes on), or a ``tf.data`` pipeline
+    that does. tnt's slices of a DataLoader do not: their generators' state is kept at each epoch's
+    start and set back (``order_state``)."""
+    if isinstance(ds, LoaderSlices):
+        return False
     if isinstance(ds, DataLoader):
         batches = getattr(ds.batch_sampler, "batches", ds.batch_sampler)
         return isinstance(getattr(batches, "sampler", None), RandomSampler)
     return host_inputs.reshuffles(ds)
+
+
+_seeded: weakref.WeakKeyDictionary[RandomSampler, RandomSampler] = weakref.WeakKeyDictionary()
+"""The seeded sampler that shuffles in place of each of the users' that has no generator."""
+
+
+def order_state(ds: Any) -> np.ndarray | None:
+    """Where ``ds`` (what ``distribute`` returned) draws each pass's order from generators tnt can
+    set back (its slices of a DataLoader), their state; else None."""
+    return ds.order_state() if isinstance(ds, LoaderSlices) else None
+
+
+def set_order_state(ds: Any, state: np.ndarray) -> None:
+    """Sets ``ds``'s generators back to ``state`` (``order_state``)."""
+    if isinstance(ds, LoaderSlices):
+        ds.set_order_state(state)
 
 
 def _loader_slices(loader: DataLoader, rank: int, size: int) -> DataLoader:
@@ -169,10 +214,15 @@ def _loader_slices(loader: DataLoader, rank: int, size: int) -> DataLoader:
     if isinstance(batches, BatchSampler) and isinstance(batches.sampler, RandomSampler):
         sampler = batches.sampler
         if sampler.generator is None:
-            # Every rank must draw the same order: a generator of our own, seeded alike.
-            generator = torch.Generator().manual_seed(DEFAULT_SHUFFLE_SEED)
-            sampler = RandomSampler(sampler.data_source, sampler.replacement, sampler._num_samples, generator)
-            logger.info("DataLoader shuffled without a generator: using seed %d on every rank", DEFAULT_SHUFFLE_SEED)
+            # Every rank must draw the same order: a generator of our own, seeded alike, one per sampler
+            # of the user's (its order goes on from one fit to the next, as the global generator's would).
+            if sampler not in _seeded:
+                generator = torch.Generator().manual_seed(DEFAULT_SHUFFLE_SEED)
+                _seeded[sampler] = RandomSampler(sampler.data_source, sampler.replacement, sampler._num_samples,
+                                                 generator)
+                logger.info("DataLoader shuffled without a generator: using seed %d on every rank",
+                            DEFAULT_SHUFFLE_SEED)
+            sampler = _seeded[sampler]
         batches = BatchSampler(sampler, batches.batch_size, batches.drop_last)
     return LoaderSlices(loader, batches, rank, size)
 
