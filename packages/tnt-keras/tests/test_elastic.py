@@ -206,6 +206,8 @@ def test_kills_at_random_points_of_an_elastic_fit_leave_it_equal_to_serial_train
     args += [f"first_fit={first_fit}"] if first_fit else []
     if backend == "tensorflow" and rng.random() < 0.5:  # its global batches from a tf.data pipeline, whole
         args.append("data=tfdata")
+    if backend == "torch" and rng.random() < 0.5:  # from a DataLoader over an IterableDataset (no indices)
+        args.append("data=stream")
     result = _launch("elastic_job", 4, ("epochs=6", *args), timeout=280, backend=backend,
                      launcher_args=("--elastic", "1", "--timeout", "30"), check=False)
     context = f"seed {seed} on {backend}: kills {args}\n{result.output[-6000:]}"

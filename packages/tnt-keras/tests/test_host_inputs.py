@@ -27,6 +27,9 @@ def test_host_inputs_follow_the_global_batch_rule(backend: str) -> None:
             mine = {i for batch in r["arrays_expected"] for i in batch}
             assert r["loader_loaded"] == [1 if i in mine else 0 for i in range(len(r["loader_loaded"]))]
             assert r["loader_fit_err"] < 1e-6, r["loader_fit_err"]
+            # Over an IterableDataset: each rank's rows of every batch, and a fit equal to serial Keras.
+            assert r["loader_stream"] == r["arrays_expected"], r
+            assert r["stream_fit_err"] < 1e-6, r["stream_fit_err"]
             # Shuffled from the loader's generator: the order of the same loader in serial Keras; without
             # one, from tnt's seeded generator, which goes on from one fit's slicing to the next.
             assert r["loader_generator"] == r["loader_generator_expected"], r

@@ -19,12 +19,13 @@ ranks answered go on to the next one, the others take its result from them); or 
 F times the length of its last step after its K-th training batch began (redone ones counted too),
 wherever it is then. "epochs=N" trains N epochs (default 4); "first_fit=E" trains them in two
 fits, the first to epoch E, the second on from there (the History reported is the second's, which
-must not be disturbed by what the first left behind); "data=tfdata|pydataset" trains on the
-arrays' global batches in one of those; "data=dataloader" on a torch DataLoader that shuffles them
-anew every epoch from a seeded generator, read ahead by a worker (serial Keras on the same loader);
-"data=tfdata-shuffled" on a tf.data pipeline that shuffles the arrays anew every epoch (seeded), and
-validates on one (serial Keras on the same pipelines, in one fit); "model=syncbn" puts a
-SyncBatchNormalization into the model; "class_weight" weights class 1 three times class 0.
+must not be disturbed by what the first left behind); "data=tfdata|pydataset|stream" trains on
+the arrays' global batches in one of those (stream: a torch DataLoader over an IterableDataset);
+"data=dataloader" on a torch DataLoader that shuffles them anew every epoch from a seeded
+generator, read ahead by a worker (serial Keras on the same loader); "data=tfdata-shuffled" on a
+tf.data pipeline that shuffles the arrays anew every epoch (seeded), and validates on one (serial
+Keras on the same pipelines, in one fit); "model=syncbn" puts a SyncBatchNormalization into the
+model; "class_weight" weights class 1 three times class 0.
 "wait@EPOCH[:BATCH]": every rank waits at the start of epoch EPOCH (or of its training batch BATCH)
 until a replacement rank (tnt-launch --elastic MIN:MAX) has asked the job's store to join, so that
 it joins the fit there.
@@ -291,7 +292,8 @@ class Batches(keras.utils.PyDataset):
 
 def training_data() -> dict:
     """What fit trains and validates on: the arrays themselves, or their global batches in order as
-    a tf.data pipeline or a PyDataset ("data=tfdata|pydataset"), shuffled by a torch DataLoader
+    a tf.data pipeline, a PyDataset or a torch DataLoader over an IterableDataset
+    ("data=tfdata|pydataset|stream"), shuffled by a torch DataLoader
     ("data=dataloader"), or a tf.data pipeline that shuffles them anew every epoch
     ("data=tfdata-shuffled")."""
     validation = {"validation_data": (x_val, y_val)}
@@ -309,6 +311,15 @@ def training_data() -> dict:
         return {"x": Batches(), **validation}
     if DATA == "dataloader":
         return {"x": LOADER, **validation}
+    if DATA == "stream":
+        import torch
+
+        class Stream(torch.utils.data.IterableDataset):
+            def __iter__(self):
+                for row in range(len(x)):
+                    yield torch.from_numpy(x[row]), torch.from_numpy(y[row])
+
+        return {"x": torch.utils.data.DataLoader(Stream(), batch_size=BATCH), **validation}
     return {"x": x, "y": y, "batch_size": BATCH, **validation}
 
 

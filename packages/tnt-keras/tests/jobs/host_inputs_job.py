@@ -117,6 +117,13 @@ if BACKEND == "torch":
     first_fit = sliced(users)
     results["loader_generator"] = [ids_of(x) for loader in (first_fit, first_fit, sliced(users)) for x, _ in loader]
     results["loader_generator_expected"] = [rows_of(b, rank, size) for b in serial_batches]
+    # A loader over an IterableDataset (no indices): each rank keeps its rows of every batch.
+    class CountingStream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            for i in range(ROWS):
+                yield torch.tensor([float(i)]), torch.tensor(0)
+
+    results["loader_stream"] = [ids_of(x) for x, _ in sliced(DataLoader(CountingStream(), batch_size=BATCH))]
     # A loader that shuffles without a generator: tnt's seeded one goes on from one slicing to the next.
     once = sliced(DataLoader(Counting(), batch_size=BATCH, shuffle=True))
     results["loader_seeded_expected"] = [ids_of(x) for _ in range(2) for x, _ in once]
@@ -154,6 +161,20 @@ if BACKEND == "torch":  # fit on a DataLoader equals serial Keras-torch on the s
     model.compile(**compile_args("sgd"))
     model.fit(DataLoader(data, batch_size=BATCH * 2), epochs=2, verbose=0)
     results["loader_fit_err"] = max_diff(serial.get_weights(), model.get_weights())
+
+    class Stream(torch.utils.data.IterableDataset):
+        """The same rows, yielded in order (no indices)."""
+
+        def __iter__(self):
+            yield from data
+
+    serial = build("functional")
+    serial.compile(**compile_args("sgd"))
+    serial.fit(DataLoader(Stream(), batch_size=BATCH * 2), epochs=2, verbose=0)
+    model = tnt.Model(build("functional"))
+    model.compile(**compile_args("sgd"))
+    model.fit(DataLoader(Stream(), batch_size=BATCH * 2), epochs=2, verbose=0)
+    results["stream_fit_err"] = max_diff(serial.get_weights(), model.get_weights())
     results["features"] = (FEATURES, CLASSES)
 
 # class_weight, sample_weight and validation data, on arrays of 70 rows in global batches of 7 (which

@@ -3,7 +3,8 @@ memory as on every such backend (``backends/host_inputs.py``: numpy arrays, PyDa
 torch tensors among the arrays, and a ``torch.utils.data.DataLoader`` with a batch size: the same
 loader over this rank's indices of every global batch (a batch sampler of our own), so each rank
 loads only its rows, and which deals a batch again by index for the ranks left after an elastic
-job re-formed (``LoaderSlices``).
+job re-formed (``LoaderSlices``); over an ``IterableDataset``, which has no indices, the user's
+loader as it is, each rank keeping its rows of every batch (``StreamSlices``).
 
 The rule (``slicing.py``) is the TensorFlow backend's: rank r takes rows ``[start_r, start_r + b_r)``.
 """
@@ -18,10 +19,10 @@ from typing import Any
 import keras
 import numpy as np
 import torch
-from torch.utils.data import BatchSampler, DataLoader, RandomSampler
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
 from ...runtime import logger
-from ...slicing import DEFAULT_SHUFFLE_SEED, rank_rows
+from ...slicing import DEFAULT_SHUFFLE_SEED, rank_rows, too_small
 from .. import host_inputs
 
 
@@ -175,6 +176,52 @@ class LoaderSlices(DataLoader):
             offset += length
 
 
+class StreamSlices(DataLoader):
+    """This rank's rows of every global batch of a user's ``DataLoader`` over an ``IterableDataset``,
+    which yields its rows (or batches) in an order of its own, not by index: a loader like the
+    user's, whose every batch each rank loads whole, keeping its rows (as of a ``PyDataset``). The
+    batch drawn last is kept, so that an elastic fit can deal it again over the ranks left
+    (``self[last_index]``)."""
+
+    def __init__(self, loader: DataLoader, rank: int, size: int) -> None:
+        self.rank, self.size = rank, size
+        self.last_index = 0
+        self.whole: Any = None  # the global batch drawn last
+        super().__init__(
+            loader.dataset,
+            batch_size=loader.batch_size,
+            drop_last=loader.drop_last,
+            num_workers=loader.num_workers,
+            collate_fn=loader.collate_fn,
+            pin_memory=loader.pin_memory,
+            timeout=loader.timeout,
+            worker_init_fn=loader.worker_init_fn,
+            multiprocessing_context=loader.multiprocessing_context,
+            generator=loader.generator,
+            prefetch_factor=loader.prefetch_factor if loader.num_workers > 0 else None,
+            persistent_workers=loader.persistent_workers,
+        )
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        return self._cut(super().__iter__())  # made now, as LoaderSlices' (the workers' seed drawn)
+
+    def _cut(self, loaded: Iterator[Any]) -> Iterator[Any]:
+        for number, batch in enumerate(loaded):
+            found = host_inputs.rows(batch)
+            if number == 0 and found < self.size:
+                raise ValueError(too_small(found, self.size))
+            self.whole, self.last_index = batch, number
+            yield self[number]
+
+    def __getitem__(self, number: int) -> Any:
+        """This rank's slice of the batch drawn last (``number``), among the ranks there are now."""
+        if number != self.last_index:
+            raise IndexError(f"tnt: batch {number} of an IterableDataset's loader is gone (last: {self.last_index})")
+        start, count = rank_rows(host_inputs.rows(self.whole), self.rank, self.size)
+        return keras.tree.map_structure(lambda t: t[start : start + count] if hasattr(t, "__getitem__") else t,
+                                        self.whole)
+
+
 def reshuffles(ds: Any) -> bool:
     """A DataLoader that shuffles from a state tnt cannot set back (one handed to Keras as it is: its
     sampler draws each epoch's order from a generator that goes on), or a ``tf.data`` pipeline
@@ -205,6 +252,8 @@ def set_order_state(ds: Any, state: np.ndarray) -> None:
 
 
 def _loader_slices(loader: DataLoader, rank: int, size: int) -> DataLoader:
+    if isinstance(loader.dataset, IterableDataset):  # no indices to deal: every rank loads every batch
+        return StreamSlices(loader, rank, size)
     batches = loader.batch_sampler
     if batches is None:
         raise ValueError(
