@@ -22,9 +22,10 @@ pytestmark = pytest.mark.by_backend
 
 # (elastic_job.py's arguments, the ranks whose reports stand: their TNT_RANK, which a replacement
 # takes from the rank it replaces, and --elastic): torch runs all of them but the second fit on arrays
-# (its PyDataset's is a second fit); TensorFlow a rank lost after the gradient sum, rank 0's loss, a
-# replacement joining mid-epoch, the calls' boundaries and a second fit; JAX (whose jobs cost the most:
-# compiling) a replacement at an epoch's start and the calls' boundaries.
+# (its PyDataset's is a second fit; its tf.data pipeline comes whole as a TensorFlow one does);
+# TensorFlow a rank lost after the gradient sum, rank 0's loss, a replacement joining mid-epoch, the
+# calls' boundaries and a second fit; JAX (whose jobs cost the most: compiling) a replacement at an
+# epoch's start and the calls' boundaries.
 SCENARIOS = {
     "step": (["1@1:batch:2"], [0, 2, 3], "2"),
     # Killed after the step's gradient sum: the survivors' updates must not have been applied yet, the
@@ -63,8 +64,9 @@ SCENARIOS = {
     # is lost in epoch 2's validation (generation 2): the epoch is redone in the order it had.
     "pydataset": (["data=pydataset", "first_fit=2", "2@2:batch:1"], [0, 1, 3], "2"),
     "dataloader": (["data=dataloader", "2@1:metrics:1", "wait@2", "3@2:validation:1:2"], [0, 1, 2], "2:4"),
-    # A tf.data pipeline that shuffles anew every epoch, validated on another (TensorFlow): the step is
-    # redone on the batch the pipeline gave, sliced for 3 ranks, and the iterator goes on in its order.
+    # A tf.data pipeline that shuffles anew every epoch, validated on another (on TensorFlow and torch):
+    # the step is redone on the batch the pipeline gave, sliced for 3 ranks, and the iterator goes on in
+    # its order.
     # The replacement tnt-launch starts, which the ranks wait for at epoch 2's start, is not admitted
     # there: it would read another order than the others.
     "tfdata-step": (["data=tfdata-shuffled", "3@1:metrics:2", "wait@2"], [0, 1, 2], "2:4"),
@@ -77,7 +79,7 @@ EVERY_RANK_SAYS = ("--log-on-all-devices", "--output-on-all-devices")  # which c
 EXTRA = {"replacement-mid-epoch": ("-x", "TNT_ELASTIC_ADMIT_STEPS=6"), "between-calls": EVERY_RANK_SAYS,
          "dataloader": ("--max-restarts", "1")}
 RANKS = {"between-calls": 5}  # the others start 4
-CASES = [("torch", name) for name in SCENARIOS if name not in ("second-fit", "tfdata-step")] + [
+CASES = [("torch", name) for name in SCENARIOS if name != "second-fit"] + [
     ("tensorflow", "after-gradient-sum"),  # the lost step redone, in a traced step
     ("tensorflow", "rank-0-epoch-end"),  # on a tf.data pipeline
     ("tensorflow", "replacement-mid-epoch"),

@@ -140,6 +140,7 @@ class StepRedo:
         # Where Keras hands the step its epoch's iterator (TensorFlow), the batch is drawn here:
         self.iterator: Any = None  # the epoch's iterator
         self.drawn = 0  # how many batches of it were drawn
+        self.counted_in: int | None = None  # the epoch whose batches ``drawn`` counts, where Keras hands them over
         self.dealt_here = False  # the job re-formed this epoch: the iterator's next batches are dealt for the old one
         # Keras goes on with one iterator across epochs (steps_per_epoch shorter than the data), whose
         # pipeline may have read a batch ahead in the order of the epoch before: not dealt again.
@@ -198,7 +199,8 @@ class StepRedo:
         def sliced(data: Any) -> Any:
             if not self.validating:
                 return test(data)
-            return test([slicer(next(data), tnt_comm.rank(), tnt_comm.size())])
+            batch = data[0] if isinstance(data, list) else next(data)  # handed over (torch) or drawn here
+            return test([slicer(batch, tnt_comm.rank(), tnt_comm.size())])
 
         def validate(*args: Any, **kwargs: Any) -> Any:
             before, self.validating = self.validating, kwargs.get("x", args[0] if args else None) is self.val_ds
@@ -229,12 +231,19 @@ class StepRedo:
 
     def _batch(self, data: Any) -> tuple[list[Any], int]:
         """The step's batches, as the train function takes them, and the index of its global batch.
-        Keras-torch hands them over, fetched by index (``ds.last_index``); Keras-TensorFlow hands
-        over the epoch's iterator, whose pipeline reads ahead: the batch is drawn from it here, and
-        where the pipeline's batches come whole (``slicer``) or the job re-formed since the epoch
-        began, dealt here for the ranks there are now."""
+        Keras-torch hands them over, fetched by index (``ds.last_index``), or a pipeline's whole ones,
+        which are cut here; Keras-TensorFlow hands over the epoch's iterator, whose pipeline reads
+        ahead: the batch is drawn from it here, and where the pipeline's batches come whole
+        (``slicer``) or the job re-formed since the epoch began, dealt here for the ranks there are
+        now."""
         if isinstance(data, list):
-            return data, self.ds.last_index
+            if self.slicer is None:
+                return data, self.ds.last_index
+            # A pipeline's global batch, whole, as Keras-torch draws it: cut here, counted per epoch.
+            if self.counted_in != self.epoch_start.epoch:
+                self.counted_in, self.drawn = self.epoch_start.epoch, 0
+            self.whole, self.drawn = data[0], self.drawn + 1
+            return self._deal(self.drawn - 1), self.drawn - 1
         if data is not self.iterator:  # a new epoch
             self.iterator, self.drawn, self.dealt_here, self.deal_next = data, 0, self.deal_next, False
         elif self.reset:  # a new epoch, drawing on from the last one's iterator

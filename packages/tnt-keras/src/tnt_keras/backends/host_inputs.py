@@ -7,7 +7,8 @@ Keras trainer iterates Python batches (torch, JAX):
   (a ``PyDataset`` hands out whole batches, so it cannot load fewer);
 - a Python generator (or any iterator) yielding global batches: each batch is drawn and this rank's
   rows kept;
-- a ``tf.data.Dataset``, where TensorFlow is installed: sliced as on the TensorFlow backend.
+- a ``tf.data.Dataset``, where TensorFlow is installed: sliced as on the TensorFlow backend (in an
+  elastic fit that redoes steps, handed over whole and cut as each step draws a batch: ``drawn_slicer``).
 
 A backend adds its own kinds (torch: ``DataLoader``) through ``distribute``'s ``native`` arguments. A model
 not built yet is built from the first batch's shapes (``build``, ``build_for_predict``).
@@ -234,9 +235,20 @@ def set_order_state(ds: Any, state: Any) -> None:  # noqa: ARG001
     """Nothing to set (``order_state``)."""
 
 
-def drawn_slicer(ds: Any) -> None:  # noqa: ARG001
-    """None: these backends' steps get batches dealt already (TensorFlow's: ``tensorflow/__init__.py``)."""
-    return None
+def drawn_slicer(ds: Any) -> Callable[[Any, int, int], Any] | None:
+    """Where ``ds`` is a ``tf.data`` pipeline handed over with its global batches whole (the
+    TensorFlow backend's ``inputs.whole``: an elastic fit that redoes steps), the cut of rank r of
+    n's rows from a batch drawn from it, as it reaches the step (the backend's tensors); else None:
+    the other inputs come dealt already."""
+    if not is_tf_dataset(ds):
+        return None
+    from .tensorflow import inputs as pipelines
+
+    return _cut if ds in pipelines.whole else None
+
+
+def _cut(batch: Any, rank: int, size: int) -> Any:
+    return _rows_of(batch, *rank_rows(rows(batch), rank, size))
 
 
 def global_batch_size(ds: Any) -> int | None:
@@ -257,7 +269,7 @@ def distribute(
     micro_batch_size: int | None,
     what: str,
     redealt: bool = False,  # noqa: ARG001 (dealt batch by batch anyway)
-    whole_batches: bool = False,  # noqa: ARG001 (the batches of what is dealt here are dealt by index)
+    whole_batches: bool = False,
     native_datasets: tuple[type, ...] = (),
     native_slices: Callable[[Any, int, int], Any] | None = None,
     native_arrays: tuple[type, ...] = (),
@@ -269,9 +281,11 @@ def distribute(
     if is_tf_dataset(x):
         from .tensorflow import distribute as tf_distribute
 
+        # whole_batches: handed over with its global batches whole, each cut as the step draws it
+        # (drawn_slicer); what is dealt here is dealt by index anyway.
         return tf_distribute(
             x, y, sample_weight, batch_size, rank=rank, size=size, shuffle=shuffle, distribute=distribute,
-            micro_batch_size=micro_batch_size, what=what,
+            micro_batch_size=micro_batch_size, what=what, whole_batches=whole_batches,
         )
     if micro_batch_size is not None and micro_batch_size <= 0:
         raise ValueError(f"tnt: tnt_micro_batch_size must be positive, got {micro_batch_size}")

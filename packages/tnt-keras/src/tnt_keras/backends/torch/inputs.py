@@ -90,6 +90,21 @@ class _CollateMarked:
         return keras.tree.map_structure(lambda t: t[:0] if hasattr(t, "__getitem__") else t, batch)
 
 
+def _options_of(loader: DataLoader) -> dict[str, Any]:
+    """What a loader of tnt's takes over from the user's: its workers, their start and seeding (the
+    generator the loader draws their seed from), memory pinning and timeout."""
+    return {
+        "num_workers": loader.num_workers,
+        "pin_memory": loader.pin_memory,
+        "timeout": loader.timeout,
+        "worker_init_fn": loader.worker_init_fn,
+        "multiprocessing_context": loader.multiprocessing_context,
+        "generator": loader.generator,
+        "prefetch_factor": loader.prefetch_factor if loader.num_workers > 0 else None,
+        "persistent_workers": loader.persistent_workers,
+    }
+
+
 class LoaderSlices(DataLoader):
     """This rank's rows of every global batch of a user's ``DataLoader``: a loader of the same
     dataset, workers and collate function over this rank's indices of each batch
@@ -104,19 +119,8 @@ class LoaderSlices(DataLoader):
     def __init__(self, loader: DataLoader, batches: Any, rank: int, size: int) -> None:
         self.ranks = RankBatchSampler(batches, rank, size)
         self.last_index = 0
-        super().__init__(
-            _MarkedRows(loader.dataset),
-            batch_sampler=self.ranks,
-            num_workers=loader.num_workers,
-            collate_fn=_CollateMarked(loader.collate_fn),
-            pin_memory=loader.pin_memory,
-            timeout=loader.timeout,
-            worker_init_fn=loader.worker_init_fn,
-            multiprocessing_context=loader.multiprocessing_context,
-            generator=loader.generator,
-            prefetch_factor=loader.prefetch_factor if loader.num_workers > 0 else None,
-            persistent_workers=loader.persistent_workers,
-        )
+        super().__init__(_MarkedRows(loader.dataset), batch_sampler=self.ranks,
+                         collate_fn=_CollateMarked(loader.collate_fn), **_options_of(loader))
 
     @property
     def rank(self) -> int:
@@ -187,20 +191,8 @@ class StreamSlices(DataLoader):
         self.rank, self.size = rank, size
         self.last_index = 0
         self.whole: Any = None  # the global batch drawn last
-        super().__init__(
-            loader.dataset,
-            batch_size=loader.batch_size,
-            drop_last=loader.drop_last,
-            num_workers=loader.num_workers,
-            collate_fn=loader.collate_fn,
-            pin_memory=loader.pin_memory,
-            timeout=loader.timeout,
-            worker_init_fn=loader.worker_init_fn,
-            multiprocessing_context=loader.multiprocessing_context,
-            generator=loader.generator,
-            prefetch_factor=loader.prefetch_factor if loader.num_workers > 0 else None,
-            persistent_workers=loader.persistent_workers,
-        )
+        super().__init__(loader.dataset, batch_size=loader.batch_size, drop_last=loader.drop_last,
+                         collate_fn=loader.collate_fn, **_options_of(loader))
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         return self._cut(super().__iter__())  # made now, as LoaderSlices' (the workers' seed drawn)
