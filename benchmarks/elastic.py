@@ -5,7 +5,7 @@ recovery of a Keras fit under tnt-launch --elastic (from the death to the end of
 step of the re-formed job: re-forming, restoring the epoch's variables, tracing the step again);
 with --keras-steady BACKEND, a Keras fit's step time while nothing fails, with and without --elastic
 (LeNet-5 on numpy arrays, 2 ranks: the inputs an elastic fit redoes steps of; --steady-input tfdata:
-a tf.data pipeline of them); with --keras-calls
+a tf.data pipeline of them; dataloader: a torch DataLoader of them); with --keras-calls
 BACKEND, whole evaluate and predict calls with and without --elastic (each elastic call ends with a
 closing collective: tnt_keras/call_boundary.py).
 
@@ -200,6 +200,12 @@ if sys.argv[2] == "tfdata":  # a pipeline that reshuffles every epoch, handed ov
     import tensorflow as tf
 
     data = {"x": tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=3).batch(256).prefetch(2)}
+elif sys.argv[2] == "dataloader":  # a DataLoader shuffled from a seeded generator (torch): tnt's LoaderSlices
+    import torch
+
+    rows = torch.utils.data.TensorDataset(torch.from_numpy(x), torch.from_numpy(y))
+    data = {"x": torch.utils.data.DataLoader(rows, batch_size=256, shuffle=True,
+                                             generator=torch.Generator().manual_seed(3))}
 else:
     data = {"x": x, "y": y, "batch_size": 256}
 model.fit(**data, epochs=4, verbose=0, callbacks=[tnt.callbacks.Callback(clock, aggregate_logs=False)])
@@ -210,7 +216,7 @@ if tnt_comm.rank() == 0:
 
 def keras_steady_state(backend: str, elastic: bool, folder: Path, data: str = "arrays") -> list[float]:
     """Step times (begin to begin, epochs 2-4) of LeNet-5 on numpy arrays (or ``data`` "tfdata": a
-    tf.data pipeline of them), 2 ranks, with or without --elastic."""
+    tf.data pipeline of them; "dataloader": a torch DataLoader), 2 ranks, with or without --elastic."""
     return json.loads(keras_job(STEADY, backend, two_ranks(elastic), folder, data).read_text())
 
 
@@ -247,9 +253,9 @@ def main() -> None:
     parser.add_argument("--keras-steady", nargs="*", default=[], metavar="BACKEND",
                         help="also time a Keras fit's steps while nothing fails (LeNet-5 on numpy arrays, "
                              "2 ranks), with and without --elastic, on these backends")
-    parser.add_argument("--steady-input", choices=("arrays", "tfdata"), default="arrays",
-                        help="what --keras-steady trains on: numpy arrays, or a tf.data pipeline of them that "
-                             "reshuffles every epoch (TensorFlow)")
+    parser.add_argument("--steady-input", choices=("arrays", "tfdata", "dataloader"), default="arrays",
+                        help="what --keras-steady trains on: numpy arrays, a tf.data pipeline of them that "
+                             "reshuffles every epoch, or a torch DataLoader of them that shuffles (torch)")
     parser.add_argument("--keras-calls", nargs="*", default=[], metavar="BACKEND",
                         help="also time whole evaluate and predict calls (LeNet-5, 2 global batches, 2 ranks), "
                              "with and without --elastic, on these backends")
