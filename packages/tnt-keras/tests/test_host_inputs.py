@@ -52,3 +52,5 @@ def test_host_inputs_follow_the_global_batch_rule(backend: str) -> None:
     assert everyone[0]["shuffled"][0] != everyone[0]["shuffled"][1]  # reshuffled each epoch
     if backend == "torch":
         assert sorted(i for r in everyone for i in r["loader_shuffled"]) == list(range(23))
+        for sampler in ("subset", "weighted"):  # each rank's rows of one order, every row once
+            assert sorted(i for r in everyone for i in r[f"loader_{sampler}"]) == list(range(23)), sampler

@@ -68,7 +68,7 @@ results["pydataset"] = [[int(v) for v in sliced[i][0][:, 0]] for i in range(len(
 # A DataLoader (torch only): this rank's rows, loaded once each.
 if BACKEND == "torch":
     import torch
-    from torch.utils.data import DataLoader, Dataset
+    from torch.utils.data import DataLoader, Dataset, SubsetRandomSampler, WeightedRandomSampler
 
     class Counting(Dataset):
         """Rows that count how often each is loaded."""
@@ -117,6 +117,15 @@ if BACKEND == "torch":
     first_fit = sliced(users)
     results["loader_generator"] = [ids_of(x) for loader in (first_fit, first_fit, sliced(users)) for x, _ in loader]
     results["loader_generator_expected"] = [rows_of(b, rank, size) for b in serial_batches]
+    # Torch's other random samplers without a generator draw from its global one, here unlike on every
+    # rank (as in processes nobody seeded): tnt's seeded copy deals each rank its rows of one order.
+    global_state = torch.get_rng_state()
+    torch.manual_seed(1000 + rank)
+    for name, sampler in (("subset", SubsetRandomSampler(range(ROWS))),
+                          ("weighted", WeightedRandomSampler([1.0] * ROWS, ROWS, replacement=False))):
+        loader = sliced(DataLoader(Counting(), batch_size=BATCH, sampler=sampler))
+        results[f"loader_{name}"] = [int(v) for x, _ in loader for v in x[:, 0]]
+    torch.set_rng_state(global_state)
     # A loader over an IterableDataset (no indices): each rank keeps its rows of every batch.
     class CountingStream(torch.utils.data.IterableDataset):
         def __iter__(self):

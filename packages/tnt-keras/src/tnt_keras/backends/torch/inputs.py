@@ -11,6 +11,7 @@ The rule (``slicing.py``) is the TensorFlow backend's: rank r takes rows ``[star
 
 from __future__ import annotations
 
+import copy
 import functools
 import weakref
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ from typing import Any
 import keras
 import numpy as np
 import torch
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 from ...runtime import logger
 from ...slicing import DEFAULT_SHUFFLE_SEED, rank_rows, too_small
@@ -223,12 +224,18 @@ def reshuffles(ds: Any) -> bool:
         return False
     if isinstance(ds, DataLoader):
         batches = getattr(ds.batch_sampler, "batches", ds.batch_sampler)
-        return isinstance(getattr(batches, "sampler", None), RandomSampler)
+        return _draws_its_order(getattr(batches, "sampler", None))
     return host_inputs.reshuffles(ds)
 
 
-_seeded: weakref.WeakKeyDictionary[RandomSampler, RandomSampler] = weakref.WeakKeyDictionary()
-"""The seeded sampler that shuffles in place of each of the users' that has no generator."""
+def _draws_its_order(sampler: Any) -> bool:
+    """A sampler that draws each pass's order from a generator: torch's ``RandomSampler``,
+    ``SubsetRandomSampler`` and ``WeightedRandomSampler`` (a ``generator`` of None: torch's global one)."""
+    return sampler is not None and hasattr(sampler, "generator")
+
+
+_seeded: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+"""The seeded sampler that draws in place of each of the users' that has no generator."""
 
 
 def order_state(ds: Any) -> np.ndarray | None:
@@ -252,17 +259,19 @@ def _loader_slices(loader: DataLoader, rank: int, size: int) -> DataLoader:
             "tnt: the DataLoader has no batch size (batch_size=None), so tnt cannot tell its global batches. "
             "Give it the GLOBAL batch size: DataLoader(dataset, batch_size=B)."
         )
-    if isinstance(batches, BatchSampler) and isinstance(batches.sampler, RandomSampler):
+    if isinstance(batches, BatchSampler) and _draws_its_order(batches.sampler):
         sampler = batches.sampler
         if sampler.generator is None:
-            # Every rank must draw the same order: a generator of our own, seeded alike, one per sampler
-            # of the user's (its order goes on from one fit to the next, as the global generator's would).
+            # Without one it would draw from torch's global generator, which differs from rank to rank
+            # unless seeded alike. Every rank must draw the same order: a copy of the sampler with a
+            # generator of our own, seeded alike, one per sampler of the user's (its order goes on from
+            # one fit to the next, as the global generator's would).
             if sampler not in _seeded:
-                generator = torch.Generator().manual_seed(DEFAULT_SHUFFLE_SEED)
-                _seeded[sampler] = RandomSampler(sampler.data_source, sampler.replacement, sampler._num_samples,
-                                                 generator)
-                logger.info("DataLoader shuffled without a generator: using seed %d on every rank",
-                            DEFAULT_SHUFFLE_SEED)
+                seeded = copy.copy(sampler)
+                seeded.generator = torch.Generator().manual_seed(DEFAULT_SHUFFLE_SEED)
+                _seeded[sampler] = seeded
+                logger.info("DataLoader's %s has no generator: using seed %d on every rank",
+                            type(sampler).__name__, DEFAULT_SHUFFLE_SEED)
             sampler = _seeded[sampler]
         batches = BatchSampler(sampler, batches.batch_size, batches.drop_last)
     return LoaderSlices(loader, batches, rank, size)
