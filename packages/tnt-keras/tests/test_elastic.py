@@ -58,10 +58,11 @@ SCENARIOS = {
     "second-fit": (["first_fit=2", "1@2:metrics:1"], [0, 2, 3], "2"),
     # Inputs other than arrays: a PyDataset, in a second fit, whose lost step is redone; and a DataLoader
     # that shuffles from its generator. Its worker had read the next two batches for 4 ranks when rank 2
-    # is lost in a step (dealt again for 3: without that, 0.016 away from serial Keras; on the code
-    # before, which redid the epoch and drew the loader's generator less often than the user's loader,
-    # 0.097); rank 2's replacement joins at epoch 2's start in the order rank 0 began it with, and rank 3
-    # is lost in epoch 2's validation (generation 2): the epoch is redone in the order it had.
+    # is lost in a step (dealt again for 3: without that, 0.016 away from serial Keras in a job of that
+    # loss alone; on the code before, which redid the epoch and drew the loader's generator less often
+    # than the user's loader, 0.097); rank 2's replacement joins at epoch 2's start in the order rank 0
+    # began it with, and rank 3 is lost in epoch 2's validation (generation 2): the epoch is redone in
+    # the order it had.
     "pydataset": (["data=pydataset", "first_fit=2", "2@2:batch:1"], [0, 1, 3], "2"),
     "dataloader": (["data=dataloader", "2@1:metrics:1", "wait@2", "3@2:validation:1:2"], [0, 1, 2], "2:4"),
     # A tf.data pipeline that shuffles anew every epoch, validated on another (on TensorFlow and torch):
