@@ -59,10 +59,6 @@ def enabled() -> bool:
     return value.isdigit() and int(value) > 0
 
 
-def _no_order(ds: Any) -> None:  # noqa: ARG001
-    return None
-
-
 class EpochStart(keras.callbacks.Callback):
     """Keeps the variables as they were when each of the last two epochs began (the survivors may be
     one epoch apart when a rank is lost at an epoch's end), and the state the training input drew
@@ -70,8 +66,8 @@ class EpochStart(keras.callbacks.Callback):
     torch DataLoader's generators), so that an epoch begun again, or joined, reads the order it had."""
 
     def __init__(
-        self, variables: Callable[[], list[Any]], order_state: Callable[[Any], Any] = _no_order,
-        set_order_state: Callable[[Any, Any], None] | None = None,
+        self, variables: Callable[[], list[Any]], order_state: Callable[[Any], Any],
+        set_order_state: Callable[[Any, Any], None],
     ) -> None:
         super().__init__()
         self.variables = variables
@@ -87,7 +83,7 @@ class EpochStart(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         self.epoch = epoch
         resume, self.resume = self.resume, (-1, 0)
-        if self.order is not None and self.set_order_state is not None:  # before Keras reads the epoch's first batch
+        if self.order is not None:  # before Keras reads the epoch's first batch
             self.set_order_state(self.inputs, self.order)
             self.order = None
         if resume[0] == epoch and resume[1] > 0:

@@ -195,7 +195,7 @@ class GeneratorSlices(Iterator[Any]):
         if self.drawn == 0 and self.size > 1 and found < self.size:
             raise ValueError(too_small(found, self.size))
         self.drawn += 1
-        return _rows_of(batch, *rank_rows(found, self.rank, self.size))
+        return rank_slice(batch, self.rank, self.size)
 
 
 _generated: weakref.WeakKeyDictionary[Any, GeneratorSlices] = weakref.WeakKeyDictionary()
@@ -244,10 +244,11 @@ def drawn_slicer(ds: Any) -> Callable[[Any, int, int], Any] | None:
         return None
     from .tensorflow import inputs as pipelines
 
-    return _cut if ds in pipelines.whole else None
+    return rank_slice if ds in pipelines.whole else None
 
 
-def _cut(batch: Any, rank: int, size: int) -> Any:
+def rank_slice(batch: Any, rank: int, size: int) -> Any:
+    """Rank ``rank``'s rows of a global ``batch`` among ``size`` ranks (the rule, on host tensors)."""
     return _rows_of(batch, *rank_rows(rows(batch), rank, size))
 
 

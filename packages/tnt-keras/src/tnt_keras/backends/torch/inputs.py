@@ -200,8 +200,7 @@ class StreamSlices(DataLoader):
 
     def _cut(self, loaded: Iterator[Any]) -> Iterator[Any]:
         for number, batch in enumerate(loaded):
-            found = host_inputs.rows(batch)
-            if number == 0 and found < self.size:
+            if number == 0 and (found := host_inputs.rows(batch)) < self.size:
                 raise ValueError(too_small(found, self.size))
             self.whole, self.last_index = batch, number
             yield self[number]
@@ -210,9 +209,7 @@ class StreamSlices(DataLoader):
         """This rank's slice of the batch drawn last (``number``), among the ranks there are now."""
         if number != self.last_index:
             raise IndexError(f"tnt: batch {number} of an IterableDataset's loader is gone (last: {self.last_index})")
-        start, count = rank_rows(host_inputs.rows(self.whole), self.rank, self.size)
-        return keras.tree.map_structure(lambda t: t[start : start + count] if hasattr(t, "__getitem__") else t,
-                                        self.whole)
+        return host_inputs.rank_slice(self.whole, self.rank, self.size)
 
 
 def reshuffles(ds: Any) -> bool:
@@ -223,8 +220,7 @@ def reshuffles(ds: Any) -> bool:
     if isinstance(ds, LoaderSlices):
         return False
     if isinstance(ds, DataLoader):
-        batches = getattr(ds.batch_sampler, "batches", ds.batch_sampler)
-        return _draws_its_order(getattr(batches, "sampler", None))
+        return _draws_its_order(getattr(ds.batch_sampler, "sampler", None))
     return host_inputs.reshuffles(ds)
 
 
