@@ -276,6 +276,11 @@ def nodes() -> Iterator[tuple[Slurm, Cluster]]:
         hosts.down()
 
 
+# The two-node jobs name their nodes: Slurm would otherwise take the third one while the first still
+# completes the job before (state COMPLETING), and the placement each test expects would shift.
+TWO_NODES = ["-N", "2", "-w", "tntnode0,tntnode1"]
+
+
 def _placed(out: str) -> list[str]:
     return sorted(line.split("] ", 1)[-1] for line in out.splitlines() if " of " in line)
 
@@ -287,17 +292,17 @@ def test_two_nodes_under_plain_srun_and_tnt_launch(nodes: tuple[Slurm, Cluster],
     both = [
         f"rank {r} of 4 local {r % 2}/2 on tntnode{r // 2} sum 10 over shm+tcp" for r in range(4)
     ]
-    done = slurm.run(["srun", "-N", "2", "-n", "4", sys.executable, str(script)], timeout=90)
+    done = slurm.run(["srun", *TWO_NODES, "-n", "4", sys.executable, str(script)], timeout=90)
     assert done.returncode == 0, done.stderr[-3000:]
     assert _placed(done.stdout) == both, done.stdout + done.stderr[-2000:]
 
-    done = slurm.run(["salloc", "-N", "2", "-n", "4", *LAUNCH, "--output-on-all-devices", "--", str(script)],
+    done = slurm.run(["salloc", *TWO_NODES, "-n", "4", *LAUNCH, "--output-on-all-devices", "--", str(script)],
                      timeout=90)
     assert done.returncode == 0, done.stderr[-3000:]
     assert _placed(done.stdout) == both, done.stdout + done.stderr[-2000:]
 
     # Three tasks on two nodes: Slurm gives the first node two (SLURM_TASKS_PER_NODE=2,1), and so does the plan.
-    done = slurm.run(["salloc", "-N", "2", "-n", "3", *LAUNCH, "--output-on-all-devices", "--", str(script)],
+    done = slurm.run(["salloc", *TWO_NODES, "-n", "3", *LAUNCH, "--output-on-all-devices", "--", str(script)],
                      timeout=90)
     assert done.returncode == 0, done.stderr[-3000:]
     assert _placed(done.stdout) == [
@@ -311,7 +316,7 @@ def test_two_nodes_under_plain_srun_and_tnt_launch(nodes: tuple[Slurm, Cluster],
 def test_a_rank_killed_on_the_second_node_ends_the_job(nodes: tuple[Slurm, Cluster], tmp_path: Path) -> None:
     slurm, hosts = nodes
     _fail_a_rank_under_tnt_launch(
-        slurm, tmp_path, ["salloc", "-N", "2", "-n", "4"], 3, "host tntnode1, local rank 1", timeout=120
+        slurm, tmp_path, ["salloc", *TWO_NODES, "-n", "4"], 3, "host tntnode1, local rank 1", timeout=120
     )
     # Nothing left of tnt-comm's shared memory on either node.
     for host in range(2):
@@ -461,7 +466,7 @@ def test_a_preemption_signal_ends_in_a_checkpoint_the_next_job_resumes_from_exac
     # As `#SBATCH --signal=USR1@T` would, T seconds before the time limit: scancel --signal=USR1 signals
     # every task of the job's steps (tnt-launch's agents and ranks), not the batch shell.
     job = subprocess.Popen(
-        slurm.on_node(0, ["sbatch", "--wait", "--parsable", "-N", "2", "-n", "2", "-o", str(tmp_path / "first.out"),
+        slurm.on_node(0, ["sbatch", "--wait", "--parsable", *TWO_NODES, "-n", "2", "-o", str(tmp_path / "first.out"),
                           "--wrap", shlex.join([*LAUNCH, "--", str(script), str(first), str(backup)])]),
         env={**slurm.env, "WAIT_FOR_SIGNAL": "1"}, stdout=subprocess.PIPE, text=True, cwd=tmp_path,
     )
@@ -490,11 +495,11 @@ def test_a_preemption_signal_ends_in_a_checkpoint_the_next_job_resumes_from_exac
     assert backup.exists()
 
     # ... which the next job resumes from; it ends where one job without a signal ends, exactly.
-    done = slurm.run(["salloc", "-N", "2", "-n", "2", *LAUNCH, "--", str(script), str(second), str(backup)],
+    done = slurm.run(["salloc", *TWO_NODES, "-n", "2", *LAUNCH, "--", str(script), str(second), str(backup)],
                      timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     done = slurm.run(
-        ["salloc", "-N", "2", "-n", "2", *LAUNCH, "--", str(script), str(whole), str(tmp_path / "other")], timeout=180
+        ["salloc", *TWO_NODES, "-n", "2", *LAUNCH, "--", str(script), str(whole), str(tmp_path / "other")], timeout=180
     )
     assert done.returncode == 0, done.stderr[-3000:]
     resumed, uninterrupted = json.loads(second.read_text()), json.loads(whole.read_text())
