@@ -499,8 +499,11 @@ class Model(keras.Model):
             if grew:  # replacements joined: every rank reads the epoch in the order rank 0 began it with
                 epoch_start.share_order(first)
                 grew = False
-            epoch_start.admits = not self._backend.reshuffles(ds)
-            if not epoch_start.admits and not resuming:
+            unshared = self._backend.unshared_order(ds)
+            epoch_start.admits = not self._backend.reshuffles(ds) and unshared is None
+            if unshared is not None and not resuming:
+                logger.warning("in this elastic fit %s.", unshared)
+            elif not epoch_start.admits and not resuming:
                 logger.warning(
                     "the training dataset shuffles anew each time it is read (tf.data's shuffle with "
                     "reshuffle_each_iteration=True, or a shuffling DataLoader that tnt does not slice), from a "

@@ -405,9 +405,11 @@ def attach(
     if val_ds is not None and not dealt_again(val_ds):
         return None  # a validation dataset of another kind cannot be dealt over fewer ranks
     # Steps are counted within an epoch where Keras starts every epoch's batches anew; not where the
-    # data reshuffles: the attempt that goes on with the replacements would read another order.
+    # data reshuffles, or draws its order from state a replacement cannot have: the attempt that goes on
+    # with the replacements would read another order.
     admit_every = int(os.environ.get(ADMIT_STEPS, "100") or 0) if steps_per_epoch is None else 0
-    admit_every = 0 if backends.current().reshuffles(ds) else admit_every
+    refused = backends.current().reshuffles(ds) or backends.current().unshared_order(ds) is not None
+    admit_every = 0 if refused else admit_every
     redo = StepRedo(tnt_model, ds, val_ds, class_weight, epoch_start, resume, admit_every,
                     finish_ends=steps_per_epoch is None)
     redo.install()

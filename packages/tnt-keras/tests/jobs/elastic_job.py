@@ -22,9 +22,11 @@ fits, the first to epoch E, the second on from there (the History reported is th
 must not be disturbed by what the first left behind); "data=tfdata|pydataset|stream" trains on
 the arrays' global batches in one of those (stream: a torch DataLoader over an IterableDataset);
 "data=dataloader" on a torch DataLoader that shuffles them anew every epoch from a seeded
-generator, read ahead by a worker (serial Keras on the same loader); "data=tfdata-shuffled" on a
-tf.data pipeline that shuffles the arrays anew every epoch (seeded), and validates on one (serial
-Keras on the same pipelines, in one fit); "model=syncbn" puts a SyncBatchNormalization into the
+generator, read ahead by a worker (serial Keras on the same loader); "data=own-sampler" on a
+DataLoader whose batch sampler of the user's own shuffles from a numpy state (tnt cannot read
+it), read ahead by a worker; "data=tfdata-shuffled" on a tf.data pipeline that shuffles the
+arrays anew every epoch (seeded), and validates on one (serial Keras on the same pipelines, in one
+fit); "model=syncbn" puts a SyncBatchNormalization into the
 model; "class_weight" weights class 1 three times class 0.
 "wait@EPOCH[:BATCH]": every rank waits at the start of epoch EPOCH (or of its training batch BATCH)
 until a replacement rank (tnt-launch --elastic MIN:MAX) has asked the job's store to join, so that
@@ -309,7 +311,7 @@ def training_data() -> dict:
         return {"x": tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH), **validation}
     if DATA == "pydataset":
         return {"x": Batches(), **validation}
-    if DATA == "dataloader":
+    if DATA in ("dataloader", "own-sampler"):
         return {"x": LOADER, **validation}
     if DATA == "stream":
         import torch
@@ -333,8 +335,33 @@ def shuffled_loader():
         generator=torch.Generator().manual_seed(5), num_workers=1, prefetch_factor=2)
 
 
+class OwnShuffle:
+    """A batch sampler of the user's own that shuffles from a numpy state of its own, which tnt
+    cannot read or set: a new order each pass, drawn as the pass begins."""
+
+    def __init__(self, rows: int, seed: int) -> None:
+        self.rows, self.state = rows, np.random.RandomState(seed)
+
+    def __len__(self) -> int:
+        return -(-self.rows // BATCH)
+
+    def __iter__(self):
+        order = self.state.permutation(self.rows)
+        for start in range(0, self.rows, BATCH):
+            yield order[start:start + BATCH].tolist()
+
+
+def own_sampler_loader():
+    """A torch DataLoader of the arrays batched by ``OwnShuffle``, its worker reading two batches ahead."""
+    import torch
+
+    return torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.from_numpy(x), torch.from_numpy(y)),
+        batch_sampler=OwnShuffle(len(x), 5), num_workers=1, prefetch_factor=2)
+
+
 # One loader for both fits (its generator goes on from the first to the second), as serial Keras' one fit.
-LOADER = shuffled_loader() if DATA == "dataloader" else None
+LOADER = {"dataloader": shuffled_loader, "own-sampler": own_sampler_loader}.get(DATA, lambda: None)()
 
 
 for first, last in ([(0, FIRST_FIT)] if FIRST_FIT else []) + [(FIRST_FIT, EPOCHS)]:
@@ -353,8 +380,9 @@ serial = build(serial=True)
 serial_data = {"x": x, "y": y, "batch_size": BATCH, "validation_data": (x_val, y_val)}
 if DATA == "tfdata-shuffled":
     serial_data = training_data()
-if DATA == "dataloader":
-    serial_data = {"x": shuffled_loader(), "validation_data": (x_val, y_val)}
+if DATA in ("dataloader", "own-sampler"):
+    serial_data = {"x": {"dataloader": shuffled_loader, "own-sampler": own_sampler_loader}[DATA](),
+                   "validation_data": (x_val, y_val)}
 serial_history = serial.fit(**serial_data, epochs=EPOCHS, shuffle=False, verbose=0, class_weight=WEIGHTS)
 serial_evaluated = serial.evaluate(x_val, y_val, batch_size=BATCH, verbose=0, return_dict=True)
 serial_predicted = serial.predict(x_val, batch_size=BATCH, verbose=0)

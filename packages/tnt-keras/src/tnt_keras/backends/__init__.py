@@ -64,6 +64,12 @@ class Backend(Protocol):
         it reads the batches in another order than it had."""
         ...
 
+    def unshared_order(self, ds: Any) -> str | None:
+        """Where a replacement rank could not draw the order the others draw from what ``distribute``
+        returned (a torch DataLoader's sampler whose state tnt cannot read), why, for the warning
+        that no replacement is admitted; else None."""
+        ...
+
     def order_state(self, ds: Any) -> Any:
         """Where what ``distribute`` returned draws each pass's order from a state tnt can read and
         set (a torch DataLoader's generators), that state as a numpy array of bytes; else None. An

@@ -235,6 +235,12 @@ def set_order_state(ds: Any, state: Any) -> None:  # noqa: ARG001
     """Nothing to set (``order_state``)."""
 
 
+def unshared_order(ds: Any) -> None:  # noqa: ARG001
+    """None: a replacement draws the order of tnt's slices from their seed, and a ``tf.data``
+    pipeline's that reshuffles is refused as such (``reshuffles``)."""
+    return None
+
+
 def drawn_slicer(ds: Any) -> Callable[[Any, int, int], Any] | None:
     """Where ``ds`` is a ``tf.data`` pipeline handed over with its global batches whole (the
     TensorFlow backend's ``inputs.whole``: an elastic fit that redoes steps), the cut of rank r of

@@ -35,6 +35,7 @@ __all__ = [
     "set_order_state",
     "summed_values",
     "synced_sum",
+    "unshared_order",
     "update_at_step_end",
 ]
 
@@ -46,6 +47,7 @@ drawn_slicer = host_inputs.drawn_slicer
 reshuffles = host_inputs.reshuffles
 order_state = host_inputs.order_state
 set_order_state = host_inputs.set_order_state
+unshared_order = host_inputs.unshared_order
 build_for_predict = host_inputs.build_for_predict
 
 

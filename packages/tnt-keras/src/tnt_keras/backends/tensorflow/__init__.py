@@ -25,6 +25,7 @@ synced_sum = gradients.synced_sum
 reshuffles = host_inputs.reshuffles  # a tf.data pipeline's answer; tnt's slices of arrays do not
 order_state = host_inputs.order_state  # a tf.data shuffle's state cannot be read
 set_order_state = host_inputs.set_order_state
+unshared_order = host_inputs.unshared_order
 
 
 def prepare() -> None:

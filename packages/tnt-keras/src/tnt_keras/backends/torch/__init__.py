@@ -12,7 +12,7 @@ import keras
 from .. import explain_python_errors as explain_errors
 from .. import host_inputs, without_xla
 from . import gradients, steps
-from .inputs import distribute, is_dataset, order_state, reshuffles, set_order_state
+from .inputs import distribute, is_dataset, order_state, reshuffles, set_order_state, unshared_order
 
 __all__ = [
     "build",
@@ -31,6 +31,7 @@ __all__ = [
     "set_order_state",
     "summed_values",
     "synced_sum",
+    "unshared_order",
     "update_at_step_end",
 ]
 

@@ -3,8 +3,10 @@ memory as on every such backend (``backends/host_inputs.py``: numpy arrays, PyDa
 torch tensors among the arrays, and a ``torch.utils.data.DataLoader`` with a batch size: the same
 loader over this rank's indices of every global batch (a batch sampler of our own), so each rank
 loads only its rows, and which deals a batch again by index for the ranks left after an elastic
-job re-formed (``LoaderSlices``); over an ``IterableDataset``, which has no indices, the user's
-loader as it is, each rank keeping its rows of every batch (``StreamSlices``).
+job re-formed (``LoaderSlices``), and where its batch sampler draws its order from state tnt
+cannot read, logs the batches of each pass to read them again for an epoch begun again
+(``PassLog``); over an ``IterableDataset``, which has no indices, the user's loader as it is, each
+rank keeping its rows of every batch (``StreamSlices``).
 
 The rule (``slicing.py``) is the TensorFlow backend's: rank r takes rows ``[start_r, start_r + b_r)``.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import itertools
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -20,7 +23,7 @@ from typing import Any
 import keras
 import numpy as np
 import torch
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, SequentialSampler
 
 from ...runtime import logger
 from ...slicing import DEFAULT_SHUFFLE_SEED, rank_rows, too_small
@@ -41,21 +44,95 @@ def _marked(indices: list[Any], rank: int, size: int) -> list[tuple[Any, bool]]:
     return [(i, True) for i in indices[start : start + count]] if count else [(indices[0], False)]
 
 
+class _Pass:
+    """One pass over a batch sampler of the user's, logged: the global batches drawn from it so far,
+    and the rest to draw. Read again, it gives the batches it gave, then draws on."""
+
+    def __init__(self, batches: Any) -> None:
+        self.drawn: list[list[Any]] = []
+        self.rest = iter(batches)
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        for number in itertools.count():
+            if number == len(self.drawn):
+                batch = next(self.rest, None)
+                if batch is None:
+                    return
+                self.drawn.append(list(batch))
+            yield self.drawn[number]
+
+
+class PassLog:
+    """The passes over one batch sampler of the user's that tnt's loaders made (``_Pass``), numbered
+    as the loaders make their iterators (two per iterator of a loader with workers, as torch asks
+    for two), kept across the fits and attempts that slice it: the order of a sampler whose state
+    tnt cannot read. Each asking (``ask``, at an epoch's start) keeps how many passes were made
+    before it, and which pass and batch were read first after it (-1 until then); ``again`` makes
+    the passes made after it be read again, batch for batch, before any is drawn anew."""
+
+    def __init__(self, batches: Any) -> None:
+        self.batches = batches
+        self.passes: dict[int, _Pass] = {}
+        self.opened = 0  # the number the next pass gets
+        self.begun: dict[int, tuple[int, int, int]] = {}
+        self.asked: list[int] = []  # asked for, no batch read since
+
+    def open(self) -> tuple[int, _Pass]:
+        number, self.opened = self.opened, self.opened + 1
+        return number, self.passes.setdefault(number, _Pass(self.batches))  # made as the user's loader makes it
+
+    def ask(self) -> int:
+        """Numbers an asking (an epoch's start): the passes made from now on are its to read again."""
+        token = max(self.begun, default=-1) + 1
+        self.begun[token], self.asked = (self.opened, -1, -1), [*self.asked, token]
+        for old in sorted(self.begun)[:-3]:  # an elastic fit sets back one of the last two epochs
+            del self.begun[old]
+        first = min(opened for opened, _, _ in self.begun.values())
+        for old in [n for n in self.passes if n < first]:  # never read again
+            del self.passes[old]
+        return token
+
+    def read(self, pass_number: int, batch: int) -> None:
+        for token in self.asked:
+            self.begun[token] = (self.begun[token][0], pass_number, batch)
+        self.asked = []
+
+    def again(self, token: int) -> bool:
+        """Makes the passes after asking ``token`` be read again; False where the batch read first
+        after it came from a pass made before it (steps_per_epoch: an epoch that began inside a pass)."""
+        opened, pass_number, batch = self.begun[token]
+        if pass_number >= 0 and (pass_number < opened or batch > 0):
+            return False
+        self.opened = opened
+        return True
+
+
+_logs: weakref.WeakKeyDictionary[Any, PassLog] = weakref.WeakKeyDictionary()
+"""The log of each batch sampler of the users' whose order tnt cannot set back."""
+
+
 class RankBatchSampler(torch.utils.data.Sampler[list[tuple[Any, bool]]]):
     """This rank's indices of every global batch that ``batches`` yields, for the ranks there are
     as it yields it (``rank`` and ``size`` change where an elastic job re-forms). ``dealt`` keeps,
     for each batch of this pass not yet trained on, its global indices and the ranks it was dealt
     for: the loader reads ahead (worker processes), so a batch may have been dealt for the job
-    before it re-formed."""
+    before it re-formed. With a ``log``, the passes over ``batches`` go through it (``PassLog``);
+    ``pass_number`` is the one made last."""
 
-    def __init__(self, batches: Any, rank: int, size: int) -> None:
-        self.batches, self.rank, self.size = batches, rank, size
+    def __init__(self, batches: Any, rank: int, size: int, log: PassLog | None = None) -> None:
+        self.batches, self.rank, self.size, self.log = batches, rank, size, log
         self.dealt: dict[int, tuple[list[Any], int, int]] = {}
+        self.pass_number = -1
 
     def __iter__(self) -> Iterator[list[tuple[Any, bool]]]:
+        if self.log is None:
+            return self._deal(list(batch) for batch in self.batches)
+        self.pass_number, logged = self.log.open()
+        return self._deal(iter(logged))
+
+    def _deal(self, batches: Iterator[list[Any]]) -> Iterator[list[tuple[Any, bool]]]:
         self.dealt = {}
-        for number, batch in enumerate(self.batches):
-            indices = list(batch)
+        for number, indices in enumerate(batches):
             self.dealt[number] = (indices, self.rank, self.size)
             yield _marked(indices, self.rank, self.size)
 
@@ -119,6 +196,8 @@ class LoaderSlices(DataLoader):
 
     def __init__(self, loader: DataLoader, batches: Any, rank: int, size: int) -> None:
         self.ranks = RankBatchSampler(batches, rank, size)
+        if not self._follows_its_order():
+            self.ranks.log = _logs.setdefault(batches, PassLog(batches))
         self.last_index = 0
         super().__init__(_MarkedRows(loader.dataset), batch_sampler=self.ranks,
                          collate_fn=_CollateMarked(loader.collate_fn), **_options_of(loader))
@@ -142,11 +221,14 @@ class LoaderSlices(DataLoader):
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         # The loader's iterator made now, as a DataLoader's: its making draws from the generator
         # (the workers' seed), and Keras makes the next epoch's at the end of the one before.
-        return self._dealt(super().__iter__())
+        loaded = super().__iter__()
+        return self._dealt(loaded, self.ranks.pass_number)  # the pass made last is the one it reads
 
-    def _dealt(self, loaded: Iterator[Any]) -> Iterator[Any]:
+    def _dealt(self, loaded: Iterator[Any], pass_number: int) -> Iterator[Any]:
         for number, batch in enumerate(loaded):
             self.last_index = number
+            if self.ranks.log is not None:
+                self.ranks.log.read(pass_number, number)
             _, rank, size = self.ranks.dealt[number]
             for done in [n for n in self.ranks.dealt if n < number]:
                 del self.ranks.dealt[done]  # trained on: never dealt again
@@ -157,24 +239,61 @@ class LoaderSlices(DataLoader):
         indices, _, _ = self.ranks.dealt[number]
         return self.collate_fn([self.dataset[m] for m in _marked(indices, self.rank, self.size)])
 
+    def _sampler_generators(self) -> list[torch.Generator]:
+        """The generators the batch sampler draws its order from: its own, or its sampler's."""
+        batches = self.ranks.batches
+        found = [getattr(batches, "generator", None), getattr(getattr(batches, "sampler", None), "generator", None)]
+        return [g for g in found if isinstance(g, torch.Generator)]
+
+    def _follows_its_order(self) -> bool:
+        """Whether every pass's order follows from state tnt reads and sets: the generators the
+        sampler draws from, or none (torch's sequential order)."""
+        batches = self.ranks.batches
+        sequential = isinstance(batches, BatchSampler) and isinstance(batches.sampler, SequentialSampler)
+        return sequential or bool(self._sampler_generators())
+
+    def unshared_order(self) -> str | None:
+        """Why a new rank could not draw the order the others draw (a batch sampler that draws from
+        state tnt cannot read), or None."""
+        if self.ranks.log is None:
+            return None
+        batches = self.ranks.batches
+        named = type(getattr(batches, "sampler", None) if isinstance(batches, BatchSampler) else batches).__name__
+        return (
+            f"the DataLoader's order comes from its sampler ({named}), whose state tnt cannot read: an epoch "
+            "begun again reads the batches it read, but replacement ranks are not admitted, as they could not "
+            "draw the order the others draw. Give the sampler a `generator` attribute, a torch.Generator it "
+            "draws every order from (as torch's RandomSampler), and tnt keeps it alike on every rank, new ones too"
+        )
+
     def _generators(self) -> list[torch.Generator]:
-        """What each pass draws from: the sampler's generator (its order) and the loader's (its
+        """What each pass draws from: the sampler's generators (its order) and the loader's (its
         workers' seed), each once."""
         found: list[torch.Generator] = []
-        for generator in (getattr(getattr(self.ranks.batches, "sampler", None), "generator", None), self.generator):
+        for generator in (*self._sampler_generators(), self.generator):
             if generator is not None and all(generator is not g for g in found):
                 found.append(generator)
         return found
 
     def order_state(self) -> np.ndarray | None:
-        """The state of the generators the next pass draws from, as bytes (None: it draws from none)."""
+        """The state of the generators the next pass draws from, as bytes; where the passes are
+        logged, first the number of this asking (8 bytes), which names the pass and batch read next
+        (None: nothing to keep)."""
         states = [g.get_state().numpy() for g in self._generators()]
+        if self.ranks.log is not None:
+            states.insert(0, np.frombuffer(np.int64(self.ranks.log.ask()).tobytes(), np.uint8))
         return np.concatenate(states) if states else None
 
     def set_order_state(self, state: np.ndarray) -> None:
         """Sets the generators back to ``state`` (``order_state``): the next pass reads the order the
-        pass after that state read."""
+        pass after that state read. Where the passes are logged, the loader reads again the pass the
+        asking named, and those after it, batch for batch."""
         offset = 0
+        if self.ranks.log is not None:
+            token, offset = int(np.frombuffer(np.array(state[:8], np.uint8).tobytes(), np.int64)[0]), 8
+            if not self.ranks.log.again(token):
+                logger.warning("the epoch begun again began inside a pass over the DataLoader (steps_per_epoch): "
+                               "it reads another order than serial training (a sampler whose state tnt cannot read)")
         for generator in self._generators():
             length = generator.get_state().numel()
             generator.set_state(torch.from_numpy(np.array(state[offset : offset + length], np.uint8)))
@@ -232,6 +351,12 @@ def _draws_its_order(sampler: Any) -> bool:
 
 _seeded: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 """The seeded sampler that draws in place of each of the users' that has no generator."""
+
+
+def unshared_order(ds: Any) -> str | None:
+    """Why a replacement rank could not draw the order the others draw from ``ds`` (what
+    ``distribute`` returned), or None."""
+    return ds.unshared_order() if isinstance(ds, LoaderSlices) else None
 
 
 def order_state(ds: Any) -> np.ndarray | None:
