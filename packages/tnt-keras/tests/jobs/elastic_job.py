@@ -15,7 +15,8 @@ or of the evaluate after it, which the job then makes of sends and receives: mem
 every rank's part, answers the first BATCH other ranks, which go on to the next call, and is killed
 before it answers the rest, which fail in it; in whatever generation it then is), "end_exchange" (the
 same, in a collective of epoch EPOCH's end that a callback makes through tnt's epoch-end journal: the
-ranks answered go on to the next one, the others take its result from them); or MEMBER@step:K:F, killed
+ranks answered go on to the next one, the others take its result from them; in the kill's
+GENERATION); or MEMBER@step:K:F, killed
 F times the length of its last step after its K-th training batch began (redone ones counted too),
 wherever it is then. "epochs=N" trains N epochs (default 4); "first_fit=E" trains them in two
 fits, the first to epoch E, the second on from there (the History reported is the second's, which
@@ -113,8 +114,8 @@ call_boundary._closing_collective = scripted_closing
 
 
 class EndExchange(keras.callbacks.Callback):
-    """A collective at every epoch's end, through tnt's journal of them (tnt_keras/epoch_end.py): in
-    the first generation, where a kill names it, made of sends and receives whose order the test sets
+    """A collective at every epoch's end, through tnt's journal of them (tnt_keras/epoch_end.py): where
+    a kill names it, in the kill's generation, made of sends and receives whose order the test sets
     (as scripted_closing's); elsewhere an allreduce. Either way its result is 100 + the epoch, which
     every rank records: one that took it from another survivor records the same."""
 
@@ -129,8 +130,8 @@ class EndExchange(keras.callbacks.Callback):
 
     def _exchange(self, epoch):
         generation, members = tnt_comm.membership()
-        named = [(who, answered) for who, at_epoch, at, answered in kills
-                 if at == "end_exchange" and at_epoch == epoch and who in members and generation == 0]
+        named = [(kill[0], kill[3]) for kill in kills if kill[2] == "end_exchange" and kill[1] == epoch
+                 and kill[0] in members and generation == in_generation.get(kill, 0)]
         if not named:
             return tnt_comm.allreduce(np.array([100 + epoch], np.int64), op="max")
         who, answered = named[0]
