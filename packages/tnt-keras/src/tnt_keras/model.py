@@ -505,13 +505,14 @@ class Model(keras.Model):
                 logger.warning("in this elastic fit %s.", unshared)
             elif not epoch_start.admits and not resuming:
                 logger.warning(
-                    "the training dataset shuffles anew each time it is read (tf.data's shuffle with "
-                    "reshuffle_each_iteration=True, or a shuffling DataLoader that tnt does not slice), from a "
-                    "generator tnt cannot set back: in this elastic fit a lost step is redone in its order, but an "
-                    "epoch begun again (a rank lost outside a train step) reads another order than serial training, "
-                    "and replacement ranks are not admitted (they would read another order than the others). For "
-                    "exact recovery everywhere pass arrays (tnt shuffles them per epoch from a seed) or a DataLoader "
-                    "(tnt sets its generator back), or shuffle with reshuffle_each_iteration=False."
+                    "the training dataset may change its order each time it is read (tf.data's shuffle with "
+                    "reshuffle_each_iteration=True, a shuffling DataLoader that tnt does not slice, or a PyDataset "
+                    "with an on_epoch_end of its own), from state tnt cannot set back: in this elastic fit a lost "
+                    "step is redone in its order, but an epoch begun again (a rank lost outside a train step) reads "
+                    "another order than serial training, and replacement ranks are not admitted (they would read "
+                    "another order than the others). For exact recovery everywhere pass arrays or a PyDataset with "
+                    "fit(shuffle=True) (tnt shuffles them per epoch from a seed) or a DataLoader (tnt sets its "
+                    "generator back), or shuffle with reshuffle_each_iteration=False."
                 )
             if first != initial_epoch and hasattr(ds, "start_at"):  # tnt's slices of arrays and PyDatasets
                 ds.start_at(first - initial_epoch)  # the epoch redone (or joined) keeps the order it had

@@ -22,6 +22,7 @@ wherever it is then. "epochs=N" trains N epochs (default 4); "first_fit=E" train
 fits, the first to epoch E, the second on from there (the History reported is the second's, which
 must not be disturbed by what the first left behind); "data=tfdata|pydataset|stream" trains on
 the arrays' global batches in one of those (stream: a torch DataLoader over an IterableDataset);
+"data=pydataset-reordered" on a PyDataset that puts them in a new order at every epoch's end;
 "data=dataloader" on a torch DataLoader that shuffles them anew every epoch from a seeded
 generator, read ahead by a worker (serial Keras on the same loader); "data=own-sampler" on a
 DataLoader whose batch sampler of the user's own shuffles from a numpy state (tnt cannot read
@@ -293,6 +294,25 @@ class Batches(keras.utils.PyDataset):
         return x[i * BATCH:(i + 1) * BATCH], y[i * BATCH:(i + 1) * BATCH]
 
 
+class ReorderedBatches(Batches):
+    """The same batches, put in a new order at every epoch's end from a numpy state of its own (tnt
+    cannot set it back)."""
+
+    def __init__(self):
+        super().__init__()
+        self.state, self.order = np.random.RandomState(5), np.arange(len(self))
+
+    def __getitem__(self, i):
+        return super().__getitem__(int(self.order[i]))
+
+    def on_epoch_end(self):
+        self.order = self.state.permutation(len(self))
+
+
+# One for both fits (its order goes on from the first to the second), as serial Keras' one fit.
+REORDERED = ReorderedBatches() if DATA == "pydataset-reordered" else None
+
+
 def training_data() -> dict:
     """What fit trains and validates on: the arrays themselves, or their global batches in order as
     a tf.data pipeline, a PyDataset or a torch DataLoader over an IterableDataset
@@ -312,6 +332,8 @@ def training_data() -> dict:
         return {"x": tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH), **validation}
     if DATA == "pydataset":
         return {"x": Batches(), **validation}
+    if DATA == "pydataset-reordered":
+        return {"x": REORDERED, **validation}
     if DATA in ("dataloader", "own-sampler"):
         return {"x": LOADER, **validation}
     if DATA == "stream":
@@ -381,6 +403,8 @@ serial = build(serial=True)
 serial_data = {"x": x, "y": y, "batch_size": BATCH, "validation_data": (x_val, y_val)}
 if DATA == "tfdata-shuffled":
     serial_data = training_data()
+if DATA == "pydataset-reordered":
+    serial_data = {"x": ReorderedBatches(), "validation_data": (x_val, y_val)}
 if DATA in ("dataloader", "own-sampler"):
     serial_data = {"x": {"dataloader": shuffled_loader, "own-sampler": own_sampler_loader}[DATA](),
                    "validation_data": (x_val, y_val)}

@@ -217,7 +217,10 @@ def _rows_of(batch: Any, start: int, count: int) -> Any:
 
 def reshuffles(ds: Any) -> bool:
     """A ``tf.data`` pipeline's answer (``tensorflow/inputs.py``); tnt's slices shuffle each epoch
-    from a seed of its own (``start_at`` begins any epoch again in its order)."""
+    from a seed of its own (``start_at`` begins any epoch again in its order), but a ``PyDataset``
+    with an ``on_epoch_end`` of its own may change its order there, from state tnt cannot set back."""
+    if isinstance(ds, DatasetSlices):
+        return type(ds.dataset).on_epoch_end is not keras.utils.PyDataset.on_epoch_end
     if not is_tf_dataset(ds):
         return False
     from .tensorflow.inputs import reshuffles as pipeline_reshuffles
