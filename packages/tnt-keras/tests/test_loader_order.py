@@ -63,7 +63,7 @@ def test_an_epoch_begun_again_reads_the_batches_it_read_and_the_next_goes_on(wor
 
     def sliced() -> Any:
         return inputs.distribute(user, None, None, None, rank=0, size=2, shuffle=False, distribute=True,
-                                 micro_batch_size=None, what="fit")
+                                 micro_batch_size=None, what="fit", redealt=True)
 
     slices = sliced()
     assert isinstance(slices, inputs.LoaderSlices)
@@ -82,6 +82,23 @@ def test_an_epoch_begun_again_reads_the_batches_it_read_and_the_next_goes_on(wor
     assert (refused is not None) == (drawn_from == "own-state"), refused
     if refused is not None:
         assert "(OwnShuffle), whose state tnt cannot read" in refused and "`generator` attribute" in refused
+    # Outside an elastic job no pass is read again: none is logged.
+    plain_slices = inputs.distribute(user, None, None, None, rank=0, size=2, shuffle=False, distribute=True,
+                                     micro_batch_size=None, what="fit")
+    assert plain_slices.ranks.log is None
+
+
+def test_an_elastic_job_left_with_one_rank_still_slices_a_loader() -> None:
+    """Its slices keep the order an epoch begun again reads: the loader as it is would not."""
+    skip_unless_installed("torch")
+    import torch
+    from tnt_keras.backends.torch import inputs
+
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.arange(ROWS)), batch_size=BATCH,
+                                         shuffle=True, generator=torch.Generator().manual_seed(1))
+    one = {"rank": 0, "size": 1, "shuffle": False, "distribute": True, "micro_batch_size": None, "what": "fit"}
+    assert inputs.distribute(loader, None, None, None, **one) is loader
+    assert isinstance(inputs.distribute(loader, None, None, None, **one, redealt=True), inputs.LoaderSlices)
 
 
 def test_torch_samplers_are_followed_by_their_generators_not_logged() -> None:
@@ -93,5 +110,5 @@ def test_torch_samplers_are_followed_by_their_generators_not_logged() -> None:
     for loader in (torch.utils.data.DataLoader(rows, batch_size=BATCH),
                    torch.utils.data.DataLoader(rows, batch_size=BATCH, shuffle=True)):
         slices = inputs.distribute(loader, None, None, None, rank=0, size=2, shuffle=False, distribute=True,
-                                   micro_batch_size=None, what="fit")
+                                   micro_batch_size=None, what="fit", redealt=True)
         assert slices.ranks.log is None and inputs.unshared_order(slices) is None

@@ -278,15 +278,15 @@ def distribute(
     distribute: bool,
     micro_batch_size: int | None,
     what: str,
-    redealt: bool = False,  # noqa: ARG001 (dealt batch by batch anyway)
+    redealt: bool = False,
     whole_batches: bool = False,
     native_datasets: tuple[type, ...] = (),
-    native_slices: Callable[[Any, int, int], Any] | None = None,
+    native_slices: Callable[[Any, int, int, bool], Any] | None = None,
     native_arrays: tuple[type, ...] = (),
     accepted: str = "numpy arrays with batch_size or a keras.utils.PyDataset",
 ) -> Any:
     """This rank's input: a ``tf.data`` pipeline goes to the TensorFlow backend's slicing; a dataset
-    of ``native_datasets`` types to ``native_slices(x, rank, size)``; a ``PyDataset`` and arrays
+    of ``native_datasets`` types to ``native_slices(x, rank, size, redealt)``; a ``PyDataset`` and arrays
     (those of ``native_arrays`` types kept as they are) are sliced here."""
     if is_tf_dataset(x):
         from .tensorflow import distribute as tf_distribute
@@ -307,10 +307,12 @@ def distribute(
             )
         if y is not None or sample_weight is not None:
             raise ValueError(f"tnt: with a {type(x).__name__}, y and sample_weight come from the dataset")
-        if not distribute or size == 1:
+        # One rank reads the dataset as it is; not in an elastic job, which may have shrunk to one: its
+        # slices keep the order an epoch begun again reads (a DataLoader's generators, tnt's shuffle).
+        if not distribute or (size == 1 and not redealt):
             return x
         if native_slices is not None and isinstance(x, native_datasets):
-            return native_slices(x, rank, size)
+            return native_slices(x, rank, size, redealt)
         return DatasetSlices(x, rank, size, shuffle)
     if is_generator(x):
         if batch_size is not None or micro_batch_size is not None or y is not None or sample_weight is not None:

@@ -194,9 +194,9 @@ class LoaderSlices(DataLoader):
     (``last_index``): an elastic fit redoes a lost step on it. A batch that the workers loaded
     before the job re-formed is loaded again for the ranks left."""
 
-    def __init__(self, loader: DataLoader, batches: Any, rank: int, size: int) -> None:
+    def __init__(self, loader: DataLoader, batches: Any, rank: int, size: int, elastic: bool = False) -> None:
         self.ranks = RankBatchSampler(batches, rank, size)
-        if not self._follows_its_order():
+        if elastic and not self._follows_its_order():  # an elastic fit may read a pass again
             self.ranks.log = _logs.setdefault(batches, PassLog(batches))
         self.last_index = 0
         super().__init__(_MarkedRows(loader.dataset), batch_sampler=self.ranks,
@@ -371,7 +371,7 @@ def set_order_state(ds: Any, state: np.ndarray) -> None:
         ds.set_order_state(state)
 
 
-def _loader_slices(loader: DataLoader, rank: int, size: int) -> DataLoader:
+def _loader_slices(loader: DataLoader, rank: int, size: int, elastic: bool) -> DataLoader:
     if isinstance(loader.dataset, IterableDataset):  # no indices to deal: every rank loads every batch
         return StreamSlices(loader, rank, size)
     batches = loader.batch_sampler
@@ -395,7 +395,7 @@ def _loader_slices(loader: DataLoader, rank: int, size: int) -> DataLoader:
                             type(sampler).__name__, DEFAULT_SHUFFLE_SEED)
             sampler = _seeded[sampler]
         batches = BatchSampler(sampler, batches.batch_size, batches.drop_last)
-    return LoaderSlices(loader, batches, rank, size)
+    return LoaderSlices(loader, batches, rank, size, elastic)
 
 
 # The shared slicing of host-memory inputs, with torch's own: tensors kept as they are, and a
