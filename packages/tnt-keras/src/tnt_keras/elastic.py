@@ -59,6 +59,28 @@ def enabled() -> bool:
     return value.isdigit() and int(value) > 0
 
 
+def why_no_replacements(backend: Any, ds: Any) -> str | None:
+    """Why replacements cannot join a fit on ``ds`` (what ``backend.distribute`` returned), for the
+    fit's one warning: they could not read the order the others read, as ``ds`` changes its order
+    from state tnt cannot set back (``reshuffles``) or cannot hand a new rank (``unshared_order``);
+    else None."""
+    unshared = backend.unshared_order(ds)
+    if unshared is not None:
+        return f"in this elastic fit {unshared}."
+    if not backend.reshuffles(ds):
+        return None
+    return (
+        "the training dataset may change its order each time it is read (tf.data's shuffle with "
+        "reshuffle_each_iteration=True, a shuffling DataLoader that tnt does not slice, or a PyDataset "
+        "with an on_epoch_end of its own), from state tnt cannot set back: in this elastic fit a lost "
+        "step is redone in its order, but an epoch begun again (a rank lost outside a train step) reads "
+        "another order than serial training, and replacement ranks are not admitted (they would read "
+        "another order than the others). For exact recovery everywhere pass arrays or a PyDataset with "
+        "fit(shuffle=True) (tnt shuffles them per epoch from a seed) or a DataLoader (tnt sets its "
+        "generator back), or shuffle with reshuffle_each_iteration=False."
+    )
+
+
 class EpochStart(keras.callbacks.Callback):
     """Keeps the variables as they were when each of the last two epochs began (the survivors may be
     one epoch apart when a rank is lost at an epoch's end), and the state the training input drew

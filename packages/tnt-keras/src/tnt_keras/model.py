@@ -499,21 +499,10 @@ class Model(keras.Model):
             if grew:  # replacements joined: every rank reads the epoch in the order rank 0 began it with
                 epoch_start.share_order(first)
                 grew = False
-            unshared = self._backend.unshared_order(ds)
-            epoch_start.admits = not self._backend.reshuffles(ds) and unshared is None
-            if unshared is not None and not resuming:
-                logger.warning("in this elastic fit %s.", unshared)
-            elif not epoch_start.admits and not resuming:
-                logger.warning(
-                    "the training dataset may change its order each time it is read (tf.data's shuffle with "
-                    "reshuffle_each_iteration=True, a shuffling DataLoader that tnt does not slice, or a PyDataset "
-                    "with an on_epoch_end of its own), from state tnt cannot set back: in this elastic fit a lost "
-                    "step is redone in its order, but an epoch begun again (a rank lost outside a train step) reads "
-                    "another order than serial training, and replacement ranks are not admitted (they would read "
-                    "another order than the others). For exact recovery everywhere pass arrays or a PyDataset with "
-                    "fit(shuffle=True) (tnt shuffles them per epoch from a seed) or a DataLoader (tnt sets its "
-                    "generator back), or shuffle with reshuffle_each_iteration=False."
-                )
+            refused = elastic.why_no_replacements(self._backend, ds)
+            epoch_start.admits = refused is None
+            if refused is not None and not resuming:
+                logger.warning(refused)
             if first != initial_epoch and hasattr(ds, "start_at"):  # tnt's slices of arrays and PyDatasets
                 ds.start_at(first - initial_epoch)  # the epoch redone (or joined) keeps the order it had
             before = getattr(self._model, "history", None)

@@ -408,8 +408,7 @@ def attach(
     # data reshuffles, or draws its order from state a replacement cannot have: the attempt that goes on
     # with the replacements would read another order.
     admit_every = int(os.environ.get(ADMIT_STEPS, "100") or 0) if steps_per_epoch is None else 0
-    refused = backends.current().reshuffles(ds) or backends.current().unshared_order(ds) is not None
-    admit_every = 0 if refused else admit_every
+    admit_every = 0 if elastic.why_no_replacements(backends.current(), ds) else admit_every
     redo = StepRedo(tnt_model, ds, val_ds, class_weight, epoch_start, resume, admit_every,
                     finish_ends=steps_per_epoch is None)
     redo.install()

@@ -334,7 +334,7 @@ def training_data() -> dict:
         return {"x": Batches(), **validation}
     if DATA == "pydataset-reordered":
         return {"x": REORDERED, **validation}
-    if DATA in ("dataloader", "own-sampler"):
+    if DATA in LOADERS:
         return {"x": LOADER, **validation}
     if DATA == "stream":
         import torch
@@ -384,7 +384,8 @@ def own_sampler_loader():
 
 
 # One loader for both fits (its generator goes on from the first to the second), as serial Keras' one fit.
-LOADER = {"dataloader": shuffled_loader, "own-sampler": own_sampler_loader}.get(DATA, lambda: None)()
+LOADERS = {"dataloader": shuffled_loader, "own-sampler": own_sampler_loader}
+LOADER = LOADERS[DATA]() if DATA in LOADERS else None
 
 
 for first, last in ([(0, FIRST_FIT)] if FIRST_FIT else []) + [(FIRST_FIT, EPOCHS)]:
@@ -405,9 +406,8 @@ if DATA == "tfdata-shuffled":
     serial_data = training_data()
 if DATA == "pydataset-reordered":
     serial_data = {"x": ReorderedBatches(), "validation_data": (x_val, y_val)}
-if DATA in ("dataloader", "own-sampler"):
-    serial_data = {"x": {"dataloader": shuffled_loader, "own-sampler": own_sampler_loader}[DATA](),
-                   "validation_data": (x_val, y_val)}
+if DATA in LOADERS:
+    serial_data = {"x": LOADERS[DATA](), "validation_data": (x_val, y_val)}
 serial_history = serial.fit(**serial_data, epochs=EPOCHS, shuffle=False, verbose=0, class_weight=WEIGHTS)
 serial_evaluated = serial.evaluate(x_val, y_val, batch_size=BATCH, verbose=0, return_dict=True)
 serial_predicted = serial.predict(x_val, batch_size=BATCH, verbose=0)

@@ -278,7 +278,8 @@ class LoaderSlices(DataLoader):
     def order_state(self) -> np.ndarray | None:
         """The state of the generators the next pass draws from, as bytes; where the passes are
         logged, first the number of this asking (8 bytes), which names the pass and batch read next
-        (None: nothing to keep)."""
+        (None: nothing to keep). Each such call is an asking: an elastic fit makes one at every
+        epoch's start (the sharing with replacements makes more, but they are refused on it)."""
         states = [g.get_state().numpy() for g in self._generators()]
         if self.ranks.log is not None:
             states.insert(0, np.frombuffer(np.int64(self.ranks.log.ask()).tobytes(), np.uint8))
