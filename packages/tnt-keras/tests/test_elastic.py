@@ -7,8 +7,9 @@ epoch) as well as arrays; the survivors re-form the job, redo the step (torch, T
 an epoch's end (taking a collective's result from the survivor that had it), redo the epoch or the
 call, or return from a call every rank had finished, and end with what serial Keras ends with on
 the same global batches: weights and optimizer state, every epoch's logs in History, and the
-evaluate's results. Fewer ranks left than --elastic asks for end the job as a lost rank does
-without it."""
+evaluate's results; where rank 0 writes a CSV log, the best epoch's model and a backup, the files
+serial Keras writes, also where rank 0 is lost or a replacement joins. Fewer ranks left than
+--elastic asks for end the job as a lost rank does without it."""
 
 import os
 import random
@@ -39,13 +40,22 @@ SCENARIOS = {
     "after-gradient-sum": (["model=syncbn", "class_weight", "2@1:metrics:1", "1@1:end_exchange:1:1"], [0, 3], "2"),
     # Stopped (SIGSTOP) before a step: the others time out, go on without it, and tnt-launch ends it.
     "stopped": (["1@1:stop:1"], [0, 2, 3], "2"),
-    # Rank 0 lost in a callback at an epoch's end: the others fail in the admission of epoch 3, and
-    # finish the end of epoch 2 on the ranks left (on TensorFlow, a tf.data pipeline's epoch end); then
-    # another in the evaluate after the fit (generation 1).
-    "rank-0-epoch-end": (["0@2:epoch_end", "1@0:evaluate:1:1"], [2, 3], "2"),
-    "two-in-validation": (["2@1:validation:1", "3@1:validation:1"], [0, 1], "2"),
+    # Rank 0 lost at an epoch's end, in the ModelCheckpoint's save of the best model before it writes, with the
+    # others in that callback's outcome: they put it back as it was, run it again on the ranks left (the new
+    # rank 0 writes), and finish the end of epoch 2 there (on TensorFlow, a tf.data pipeline's epoch end);
+    # then another in the evaluate after the fit (generation 1). The new rank 0 goes on with the files of
+    # the CSVLogger, the ModelCheckpoint and the BackupAndRestore in the same fit (on the code before, with
+    # rank 0 lost after that epoch's callbacks, the job hung until the test's timeout: the new rank 0's
+    # CSVLogger had never begun).
+    "rank-0-epoch-end": (["0@2:checkpoint", "1@0:evaluate:1:1", "files"], [2, 3], "2"),
+    # Rank 0 and rank 3 lost at once, in validation: the epoch is begun again in a fit that goes on, where
+    # the new rank 0 takes the files over (its ModelCheckpoint knows the best validation loss so far).
+    "two-in-validation": (["0@1:validation:1", "3@1:validation:1", "files"], [1, 2], "2"),
     # Rank 2 is lost in epoch 0; tnt-launch starts rank 4 in its place, which joins at epoch 2.
-    "replacement": (["2@0:batch:2", "wait@2"], [0, 1, 2, 3], "2:4"),
+    # With the files and callbacks of "files": the replacement's take their state from rank 0 (without
+    # that, its ReduceLROnPlateau halved the learning rate later than the others', and its BackupAndRestore
+    # put the weights back to the backup's over those rank 0 handed it).
+    "replacement": (["2@0:batch:2", "wait@2", "files"], [0, 1, 2, 3], "2:4"),
     # The same, joining in the middle of epoch 1: replacements are admitted every 6 steps.
     "replacement-mid-epoch": (["2@0:batch:2", "wait@1:2"], [0, 1, 2, 3], "2:4"),
     # Five ranks. Member 1 is lost in a predict that a callback makes at the end of epoch 1, inside the fit,
@@ -145,6 +155,12 @@ def test_an_elastic_fit_that_loses_ranks_equals_serial_training(backend: str, sc
         for key, value in report["serial_evaluated"].items():
             assert close(report["evaluated"][key], value), (key, report["evaluated"], report["serial_evaluated"])
         assert report["predicted_shape"] == [48, 1], report  # every row once, in order
+        if "files" in args:  # each epoch's row once, the best epoch's model, the last epoch's backup
+            assert report["csv_epochs"] == [list(range(4))] * 2, report
+            assert report["csv_columns"][0] == report["csv_columns"][1] and report["csv_error"] <= TOL, report
+            assert report["best_error"] <= TOL * max(1.0, report["scale"]) and report["backup_epochs"] == [4, 4], report
+            (wait, best, epoch), (serial_wait, serial_best, serial_epoch) = report["waited"], report["serial_waited"]
+            assert (wait, epoch) == (serial_wait, serial_epoch) and close(best, serial_best), report
         assert report["predict_error"] <= TOL * max(1.0, report["predict_scale"]), report
     redone_steps = ("step", "after-gradient-sum", "stopped", "second-fit", "pydataset", "dataloader", "tfdata-step",
                     "pydataset-reordered")

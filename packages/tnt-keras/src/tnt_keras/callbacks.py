@@ -18,7 +18,7 @@ import keras
 import numpy as np
 import tnt_comm
 
-from . import epoch_end, outcome, runtime
+from . import callback_states, epoch_end, outcome, runtime
 
 _HOOKS = (
     "on_batch_begin",
@@ -67,6 +67,12 @@ def _overrides(callback: keras.callbacks.Callback, hook: str) -> bool:
         return True
     return hook in _DELEGATES and _overrides(callback, _DELEGATES[hook])
 
+
+# Hooks every rank's wrapper hears of a callback that runs on the master only, or keeps state (where
+# it defines none, they do nothing): each knows where the fit is, so that a rank that becomes the
+# master mid-fit (an elastic job that lost rank 0) can begin the callback there, and an epoch begun
+# again or joined by a replacement finds the callback's state as it should (callback_states.py).
+_FIT_MARKS = ("on_train_begin", "on_epoch_begin", "on_train_end")
 
 def average_logs(logs: dict[str, Any] | None) -> dict[str, Any] | None:
     """Numeric logs averaged over ranks (in float64, so values already equal everywhere stay exact)."""
@@ -119,12 +125,17 @@ class Callback(keras.callbacks.Callback):
         self.run_on_all_ranks = run_on_all_ranks
         self.tnt_model: keras.Model | None = None
         self.resuming = False  # an elastic fit goes on (wrap_all): on_train_begin is not passed on
+        self.joined = False  # replacements joined the elastic fit (wrap_all): the state of rank 0's is taken
+        self._fitting = False  # inside a fit, from its on_train_begin to its on_train_end
+        self._epoch: int | None = None  # the epoch begun last in this fit
         # A checkpoint callback writes on the master rank only; every rank must learn whether it failed.
         self._shares_outcome = isinstance(callback, _EPOCH_SAVERS)
         # Only the hooks the callback overrides get a dispatcher; the others stay Keras' marked
         # defaults, so Keras keeps running batch-end hooks asynchronously when no callback has one.
+        marks = not run_on_all_ranks or isinstance(callback, callback_states.STATEFUL)  # _FIT_MARKS heard on every rank
+        self._passed_on = {hook for hook in _HOOKS if _overrides(callback, hook)}
         for hook in _HOOKS:
-            if _overrides(callback, hook):
+            if hook in self._passed_on or (marks and hook in _FIT_MARKS):
                 setattr(self, hook, self._dispatcher(hook))
 
     @property
@@ -154,11 +165,11 @@ class Callback(keras.callbacks.Callback):
         takes_index = "batch" in hook or "epoch" in hook
 
         def dispatch(*args: Any, **kwargs: Any) -> None:
-            if hook == "on_train_begin" and self.resuming:
-                return
             # Keras passes logs positionally or by keyword; hooks with an index take it first.
             head, rest = (args[:1], args[1:]) if takes_index else ((), args)
             logs = kwargs.pop("logs", rest[0] if rest else None)
+            if not self._follow_the_fit(hook, head):
+                return
             # The collective runs on every rank, even where the callback itself does not.
             if self.aggregate_logs:
                 logs = average_logs(logs)
@@ -166,23 +177,72 @@ class Callback(keras.callbacks.Callback):
                 if self.runs_here:
                     getattr(self.callback, hook)(*head, logs=logs)
                 return
-            # A checkpoint callback saves through tnt.Model's methods on the master rank only: they must
-            # not start collectives there, and every rank learns here whether the hook failed, and
-            # raises if it did, before any rank goes on training.
-            error = None
-            if self.runs_here:
-                try:
-                    with outcome.writes_alone():
-                        getattr(self.callback, hook)(*head, logs=logs)
-                except Exception as e:  # shared with every rank, then raised here unchanged
-                    error = e
-            outcome.agree_on_outcome(error, f"run {type(self.callback).__name__}.{hook}")
+            if epoch_end.journaling() and hook in ("on_epoch_end", "on_epoch_begin"):
+                # At an elastic fit's epoch end: where a rank is lost before every survivor has the
+                # outcome, the survivors put the callback back as it was and run the hook again on
+                # the ranks left (the new master writes what the lost one may not have), instead of
+                # training the epoch again (epoch_end.py).
+                before, runs = dict(vars(self.callback)), 0
+
+                def hook_and_outcome() -> None:
+                    nonlocal runs
+                    if runs:
+                        vars(self.callback).update(before)
+                    runs += 1
+                    self._hook_and_outcome(hook, head, logs)
+
+                epoch_end.collective(hook_and_outcome)
+            else:
+                self._hook_and_outcome(hook, head, logs)
 
         return dispatch
 
+    def _follow_the_fit(self, hook: str, head: tuple[Any, ...]) -> bool:
+        """Notes where the fit is, and what an elastic job's re-forming changed for the callback
+        (callback_states.py); whether ``hook`` is passed on to the callback."""
+        if hook == "on_train_begin":
+            self._fitting = True
+        elif hook == "on_epoch_begin":
+            self._epoch = int(head[0])
+            if isinstance(self.callback, callback_states.STATEFUL):
+                callback_states.epoch_begins(self.callback, self._epoch, resuming=self.resuming, joined=self.joined)
+                self.joined = False
+        began_elsewhere = (
+            self._fitting
+            and not callback_states.began_here(self.callback)
+            and (hook != "on_train_begin" or self.resuming)
+        )
+        if not self.run_on_all_ranks and self.runs_here and began_elsewhere:  # the master now, inside the fit
+            model = self.tnt_model if self.tnt_model is not None else self.model
+            callback_states.take_over(self.callback, model, self.params, hook, self._epoch)
+            if hook == "on_train_begin":
+                return False
+        restores = isinstance(self.callback, keras.callbacks.BackupAndRestore)
+        if hook == "on_train_begin" and (self.resuming or (self.joined and restores)):
+            return False  # training has begun: a replacement's state comes from rank 0, not from the backup
+        if hook == "on_train_begin" and self.runs_here:
+            callback_states.began(self.callback)
+        elif hook == "on_train_end":
+            self._fitting = False
+            callback_states.ended(self.callback)
+        return hook in self._passed_on  # the others are heard for the notes above only
+
+    def _hook_and_outcome(self, hook: str, head: tuple[Any, ...], logs: Any) -> None:
+        """A checkpoint callback's hook. It saves through tnt.Model's methods on the master rank only:
+        they must not start collectives there, and every rank learns here whether the hook failed,
+        and raises if it did, before any rank goes on training."""
+        error = None
+        if self.runs_here:
+            try:
+                with outcome.writes_alone():
+                    getattr(self.callback, hook)(*head, logs=logs)
+            except Exception as e:  # shared with every rank, then raised here unchanged
+                error = e
+        outcome.agree_on_outcome(error, f"run {type(self.callback).__name__}.{hook}")
+
 
 # Callbacks whose only effects are output or files: they run where output is wanted.
-_OUTPUT_ONLY = (keras.callbacks.CSVLogger, keras.callbacks.RemoteMonitor, keras.callbacks.ModelCheckpoint)
+_OUTPUT_ONLY = (keras.callbacks.CSVLogger, keras.callbacks.RemoteMonitor)
 
 
 def wrap(callback: keras.callbacks.Callback, tnt_model: keras.Model) -> Callback:
@@ -198,9 +258,11 @@ def wrap(callback: keras.callbacks.Callback, tnt_model: keras.Model) -> Callback
         wrapped = Callback(callback, aggregate_logs=False, run_on_all_ranks=on_all)
     elif isinstance(callback, _OUTPUT_ONLY):
         wrapped = Callback(callback, aggregate_logs=False, run_on_all_ranks=False)
+    elif isinstance(callback, keras.callbacks.ModelCheckpoint):
+        everywhere = callback_states.checkpoints_on_master(callback)
+        wrapped = Callback(callback, aggregate_logs=False, run_on_all_ranks=everywhere)
     elif isinstance(callback, keras.callbacks.BackupAndRestore):
-        if not runtime.is_master_rank():
-            _read_only_backup(callback)
+        callback_states.backs_up_on_master(callback)
         wrapped = Callback(callback, aggregate_logs=False, run_on_all_ranks=True)
     elif isinstance(
         callback,
@@ -217,13 +279,16 @@ def wrap(callback: keras.callbacks.Callback, tnt_model: keras.Model) -> Callback
     else:
         wrapped = Callback(callback)
     if not runtime.prints_here() and hasattr(wrapped.callback, "verbose"):
-        wrapped.callback.verbose = 0
+        callback_states.silence(wrapped.callback)
     wrapped.tnt_model = tnt_model
     return wrapped
 
 
 def wrap_all(
-    callbacks: Iterable[keras.callbacks.Callback] | None, tnt_model: keras.Model, resuming: bool = False
+    callbacks: Iterable[keras.callbacks.Callback] | None,
+    tnt_model: keras.Model,
+    resuming: bool = False,
+    joined: bool = False,
 ) -> list[keras.callbacks.Callback]:
     """The callbacks to hand to the wrapped model's ``fit``/``evaluate``/``predict``.
 
@@ -232,6 +297,9 @@ def wrap_all(
     history). The progress bar is left out on ranks that do not print, where Keras, told
     ``verbose=0``, adds none either. ``resuming``: the fit goes on after its job re-formed
     (elastic.py), and the callbacks' training has begun already: they do not hear it begin again.
+    ``joined``: replacements joined the fit, here or on this rank (it is one): as the first epoch
+    begins, the Keras callbacks that keep state (``callback_states.STATEFUL``) take rank 0's, and a replacement's
+    ``BackupAndRestore`` restores nothing (the weights came from rank 0).
     """
     handed: list[keras.callbacks.Callback] = []
     for callback in callbacks or []:
@@ -243,7 +311,7 @@ def wrap_all(
             handed.append(callback)  # the same on every rank: the logs are global
         else:
             wrapped = wrap(callback, tnt_model)
-            wrapped.resuming = resuming
+            wrapped.resuming, wrapped.joined = resuming, joined
             handed.append(wrapped)
     return handed
 
@@ -259,13 +327,3 @@ def _rank_log_dir(callback: keras.callbacks.TensorBoard) -> None:
         return
     callback.log_dir = os.path.join(str(callback.log_dir), f"rank_{runtime.get_rank()}")
     _rank_log_dirs[callback] = callback.log_dir  # a log_dir changed later gets its own rank folder
-
-
-def _read_only_backup(callback: keras.callbacks.BackupAndRestore) -> None:
-    """Off the master rank, BackupAndRestore restores from the shared files but never writes them."""
-
-    def no_save() -> None:
-        return None
-
-    callback._save_model = no_save
-    callback.delete_checkpoint = False

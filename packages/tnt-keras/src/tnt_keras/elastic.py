@@ -241,9 +241,10 @@ class Epochs:
 
     @staticmethod
     def _rows(history: keras.callbacks.History) -> list[tuple[int, dict[str, Any]]]:
+        # An attempt lost in a callback's on_train_begin has a History that has not begun: no epoch.
         return [
             (epoch, {key: values[i] for key, values in history.history.items() if i < len(values)})
-            for i, epoch in enumerate(history.epoch)
+            for i, epoch in enumerate(getattr(history, "epoch", []))
         ]
 
     def keep(self, history: keras.callbacks.History | None, redo_from: int) -> None:

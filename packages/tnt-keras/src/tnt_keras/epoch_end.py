@@ -4,15 +4,16 @@ fit whose steps are redone: ``step_redo.py``).
 
 There every survivor holds the same weights: the epoch is trained and validated. What the ranks do
 there together is a handful of small collectives, made in the same order on every rank: the
-agreement on a preemption signal, the averaged logs of your callbacks, the admission of replacements
-at the next epoch's start. Each goes through ``collective`` and its result is written down (the
-``Journal``). When one fails, the survivors re-form the job and compare how far each got
-(``step_redo.agree``). If every one is at this epoch's end, or already in the next epoch's first
-step, the one that got furthest hands its results on (one broadcast), those behind take them
-instead of making the collectives whose result is known, and the job goes on from the collective
-that failed, on the ranks left: every callback hears the epoch end once and nothing is trained
-twice. A survivor anywhere else (in validation, a checkpoint's outcome, a ``predict`` of a callback)
-sends them all back to the epoch's start, as before (``elastic.py``).
+agreement on a preemption signal, the averaged logs of your callbacks, the outcome of a checkpoint
+callback (made again on the ranks left, the callback put back as it was, where no survivor has it:
+``callbacks.Callback``), the admission of replacements at the next epoch's start. Each goes through
+``collective`` and its result is written down (the ``Journal``). When one fails, the survivors
+re-form the job and compare how far each got (``step_redo.agree``). If every one is at this epoch's
+end, or already in the next epoch's first step, the one that got furthest hands its results on (one
+broadcast), those behind take them instead of making the collectives whose result is known, and the
+job goes on from the collective that failed, on the ranks left: every callback hears the epoch end
+once and nothing is trained twice. A survivor anywhere else (in validation, a ``predict`` of a
+callback) sends them all back to the epoch's start, as before (``elastic.py``).
 
 A result taken from another rank was computed with the lost rank's part: for the collectives here
 that is what they would have given anyway (the logs are global already; a preemption signal the

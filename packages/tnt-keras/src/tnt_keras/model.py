@@ -442,7 +442,7 @@ class Model(keras.Model):
                 whole_batches=whole_batches,
             )
 
-        def run(ds: Any, val_ds: Any, first_epoch: int, resuming: bool, after: list[Any]) -> Any:
+        def run(ds: Any, val_ds: Any, first_epoch: int, resuming: bool, after: list[Any], joined: bool = False) -> Any:
             self._prepare_variables(ds)
             with self._backend.explain_errors("fit"):
                 history = self._model.fit(
@@ -451,7 +451,9 @@ class Model(keras.Model):
                     verbose=self._verbose(verbose),
                     # The copy of the variables an epoch begins with comes last: after the callbacks
                     # that set them for the epoch (a learning rate schedule), inside their timings.
-                    callbacks=_with_preemption_watch(tnt_callbacks.wrap_all(callbacks, self, resuming=resuming))
+                    callbacks=_with_preemption_watch(
+                        tnt_callbacks.wrap_all(callbacks, self, resuming=resuming, joined=joined)
+                    )
                     + after,
                     validation_data=val_ds,
                     class_weight=class_weight,
@@ -496,6 +498,7 @@ class Model(keras.Model):
             if redo is None and whole:  # the steps are not redone: every pipeline is sliced as it is read
                 ds, val_ds = datasets()
             epoch_start.inputs = ds
+            joined = grew
             if grew:  # replacements joined: every rank reads the epoch in the order rank 0 began it with
                 epoch_start.share_order(first)
                 grew = False
@@ -510,7 +513,7 @@ class Model(keras.Model):
             resume = step_redo.Resume()
             finished = None
             try:
-                finished = run(ds, val_ds, first, resuming, [epoch_start])
+                finished = run(ds, val_ds, first, resuming, [epoch_start], joined)
                 call_boundary.close()
                 return done.into(finished)
             except (elastic.Reformed, *elastic.FAILURES) as e:

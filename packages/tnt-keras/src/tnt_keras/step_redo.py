@@ -20,7 +20,7 @@ the step again. Either way each global batch enters the fit once, so it still eq
 training. A failure at an epoch's end (its collectives after the last validation batch, up to the
 next epoch's first step) is finished there instead (``epoch_end.py``, whose survivors ``agree`` with
 the others on where each was); failures elsewhere outside a train step (in validation, a
-checkpoint's outcome), and fits this cannot redo, go back to the epoch's start (``elastic.py``).
+checkpoint's outcome between steps), and fits this cannot redo, go back to the epoch's start (``elastic.py``).
 
 Every ``TNT_ELASTIC_ADMIT_STEPS`` steps the ranks also admit replacements that wait (``Grown``):
 the fit then begins the epoch again with them, passes over the steps done (``Resume``: no

@@ -7,7 +7,8 @@ first generation, GENERATION the job's generation the kill is made in (default 0
 WHERE one of "batch" (before training batch BATCH of epoch EPOCH), "stop" (there, but stopped by
 SIGSTOP instead: the others time out, and tnt-launch ends it), "metrics" (inside
 training batch BATCH of epoch EPOCH, after its gradient sum, before its metric sum), "epoch_end" (at
-the end of epoch EPOCH, after its validation), "validation" (before validation batch BATCH of epoch
+the end of epoch EPOCH, after its validation), "checkpoint" (with "files", in the ModelCheckpoint's
+save at the end of epoch EPOCH, before the master writes), "validation" (before validation batch BATCH of epoch
 EPOCH), "evaluate" (before batch BATCH of the evaluate after the fit), "predict" (before batch
 BATCH of the predict after that), "nested" (before batch BATCH of a predict that every rank makes
 at the end of epoch EPOCH, inside the fit), "fit_end" or "evaluate_end" (in the closing collective of the fit
@@ -29,7 +30,10 @@ DataLoader whose batch sampler of the user's own shuffles from a numpy state (tn
 it), read ahead by a worker; "data=tfdata-shuffled" on a tf.data pipeline that shuffles the
 arrays anew every epoch (seeded), and validates on one (serial Keras on the same pipelines, in one
 fit); "model=syncbn" puts a SyncBatchNormalization into the
-model; "class_weight" weights class 1 three times class 0.
+model; "class_weight" weights class 1 three times class 0; "files" adds a CSVLogger, a ModelCheckpoint
+that keeps the best epoch's model by its validation loss and a BackupAndRestore, whose files the
+ranks' master writes (a lost rank 0 hands them on to the new one), against serial Keras' own, a
+ReduceLROnPlateau and an EarlyStopping (file_callbacks).
 "wait@EPOCH[:BATCH]": every rank waits at the start of epoch EPOCH (or of its training batch BATCH)
 until a replacement rank (tnt-launch --elastic MIN:MAX) has asked the job's store to join, so that
 it joins the fit there.
@@ -51,6 +55,7 @@ from _job import report
 from tnt_keras import call_boundary
 
 EPOCHS, BATCH, FIRST_FIT, DATA, MODEL, WEIGHTS = 4, 24, 0, "arrays", "dense", None
+FILES = "files" in sys.argv[1:]
 for arg in sys.argv[1:]:
     if arg.startswith("epochs="):
         EPOCHS = int(arg.split("=")[1])
@@ -388,10 +393,41 @@ LOADERS = {"dataloader": shuffled_loader, "own-sampler": own_sampler_loader}
 LOADER = LOADERS[DATA]() if DATA in LOADERS else None
 
 
+class WatchedCheckpoint(keras.callbacks.ModelCheckpoint):
+    """Keras' ModelCheckpoint, whose save (on the job's master, before it writes) is a place to be killed at."""
+
+    def _save_model(self, epoch, batch, logs):
+        killer._maybe("checkpoint")
+        return super()._save_model(epoch, batch, logs)
+
+
+def file_callbacks(folder: str, checkpoint=keras.callbacks.ModelCheckpoint) -> list:
+    """A CSV of every epoch's logs, the model of the epoch with the least validation loss, a backup,
+    and two callbacks that decide from what they saw so far: one that halves the learning rate at
+    every epoch's end after the first (the validation loss never rises: it waits for a rise), and
+    an EarlyStopping that waits for a rise too (never stopping), whose count and best value are
+    reported."""
+    os.makedirs(folder, exist_ok=True)
+    return [keras.callbacks.CSVLogger(os.path.join(folder, "log.csv")),
+            checkpoint(os.path.join(folder, "best.keras"), save_best_only=True),
+            keras.callbacks.BackupAndRestore(os.path.join(folder, "backup"), delete_checkpoint=False),
+            keras.callbacks.ReduceLROnPlateau(mode="max", patience=1, factor=0.5),
+            keras.callbacks.EarlyStopping(mode="max", patience=100)]
+
+
+def waited(callbacks: list) -> list:
+    """The EarlyStopping's count of epochs without a rise, its best value and the epoch of it."""
+    early = callbacks[-1]
+    return [early.wait, float(early.best), early.best_epoch]
+
+
+FOLDER = os.path.join(os.environ["TNT_TEST_OUT"], "files")  # one for the job: its master writes there
+JOB_FILES = file_callbacks(FOLDER, WatchedCheckpoint) if FILES else []
 for first, last in ([(0, FIRST_FIT)] if FIRST_FIT else []) + [(FIRST_FIT, EPOCHS)]:
     history = model.fit(**training_data(), epochs=last, initial_epoch=first, shuffle=False, verbose=0,
                         class_weight=WEIGHTS,
-                        callbacks=[tnt.callbacks.Callback(end_exchange, aggregate_logs=False),
+                        callbacks=[*JOB_FILES,
+                                   tnt.callbacks.Callback(end_exchange, aggregate_logs=False),
                                    tnt.callbacks.Callback(killer, aggregate_logs=False)])
 killer.evaluating = True
 evaluated = model.evaluate(x_val, y_val, batch_size=BATCH, verbose=0, return_dict=True,
@@ -408,7 +444,10 @@ if DATA == "pydataset-reordered":
     serial_data = {"x": ReorderedBatches(), "validation_data": (x_val, y_val)}
 if DATA in LOADERS:
     serial_data = {"x": LOADERS[DATA](), "validation_data": (x_val, y_val)}
-serial_history = serial.fit(**serial_data, epochs=EPOCHS, shuffle=False, verbose=0, class_weight=WEIGHTS)
+SERIAL_FOLDER = os.path.join(os.environ["TNT_TEST_OUT"], f"serial-files-{member}")
+SERIAL_FILES = file_callbacks(SERIAL_FOLDER) if FILES else []
+serial_history = serial.fit(**serial_data, epochs=EPOCHS, shuffle=False, verbose=0, class_weight=WEIGHTS,
+                            callbacks=SERIAL_FILES)
 serial_evaluated = serial.evaluate(x_val, y_val, batch_size=BATCH, verbose=0, return_dict=True)
 serial_predicted = serial.predict(x_val, batch_size=BATCH, verbose=0)
 
@@ -421,8 +460,28 @@ def values(model):
     return [keras.ops.convert_to_numpy(v) for v in model.optimizer.variables] + model.get_weights()
 
 
+def files_against_serial() -> dict:
+    """The rows of the job's CSV and of serial Keras' (the job's master writes it: the one it has when a
+    row is written), the largest difference of their values relative to the value, the epochs the backups hold and the
+    largest difference of the best epochs' weights."""
+    import csv
+    import json
+
+    rows = [list(csv.DictReader(open(os.path.join(f, "log.csv")))) for f in (FOLDER, SERIAL_FOLDER)]
+    rows_error = max(abs(float(a[k]) - float(b[k])) / max(1.0, abs(float(b[k])))
+                     for a, b in zip(*rows, strict=True) for k in a if k != "epoch")
+    backups = [json.load(open(os.path.join(f, "backup", "training_metadata.json")))["epoch"]
+               for f in (FOLDER, SERIAL_FOLDER)]
+    best = [keras.saving.load_model(os.path.join(f, "best.keras"), compile=False).get_weights()
+            for f in (FOLDER, SERIAL_FOLDER)]
+    return {"csv_epochs": [[int(row["epoch"]) for row in r] for r in rows], "csv_error": rows_error,
+            "csv_columns": [sorted(r[0]) for r in rows], "backup_epochs": backups,
+            "best_error": largest_difference(*best), "waited": waited(JOB_FILES), "serial_waited": waited(SERIAL_FILES)}
+
+
 generation, members = tnt_comm.membership()
 report({
+    **(files_against_serial() if FILES else {}),
     "member": member,
     "rank": tnt_comm.rank(),
     "size": tnt_comm.size(),
