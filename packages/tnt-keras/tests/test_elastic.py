@@ -46,7 +46,7 @@ SCENARIOS = {
     # then another in the evaluate after the fit (generation 1). The new rank 0 goes on with the files of
     # the CSVLogger, the ModelCheckpoint and the BackupAndRestore in the same fit (on the code before, with
     # rank 0 lost after that epoch's callbacks, the job hung until the test's timeout: the new rank 0's
-    # CSVLogger had never begun).
+    # CSVLogger had never begun), and prints the progress bar from there on.
     "rank-0-epoch-end": (["0@2:checkpoint", "1@0:evaluate:1:1", "files"], [2, 3], "2"),
     # Rank 0 and rank 3 lost at once, in validation: the epoch is begun again in a fit that goes on, where
     # the new rank 0 takes the files over (its ModelCheckpoint knows the best validation loss so far).
@@ -177,6 +177,11 @@ def test_an_elastic_fit_that_loses_ranks_equals_serial_training(backend: str, sc
         finished = "epoch 3 is finished on 3" if scenario == "rank-0-epoch-end" else "epoch 2 is finished on 2"
         assert f"the end of {finished} rank(s)" in result.output, result.output[-4000:]
         assert "trains epoch" not in result.output, result.output[-4000:]
+    if scenario == "rank-0-epoch-end":  # the new rank 0 prints the progress from where the lost one was
+        assert "the progress bar goes on on this rank, the master now" in result.output, result.output[-4000:]
+        # Each epoch's line once (epoch 3's from the new rank 0: the lost one died before it printed it).
+        lines = [line for line in result.output.splitlines() if line.startswith("4/4 - ")]
+        assert len(lines) == 4 and all("val_loss" in line for line in lines), result.output[-4000:]
     if scenario in ("two-in-validation", "dataloader-one-left"):  # the epoch redone, no step
         assert "trains epoch" in result.output and "runs again" not in result.output, result.output
     lost = [int(a.split("@")[0]) for a in args if "@" in a and not a.startswith("wait")]

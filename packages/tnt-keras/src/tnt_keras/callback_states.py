@@ -106,7 +106,8 @@ def take_over(callback: keras.callbacks.Callback, model: keras.Model, params: di
     if epoch is not None and hook != "on_epoch_begin":
         callback.on_epoch_begin(epoch, logs=None)
     began(callback)
-    logger.warning("%s goes on on this rank, the master now", type(callback).__name__)
+    what = "the progress bar" if isinstance(callback, keras.callbacks.ProgbarLogger) else type(callback).__name__
+    logger.warning("%s goes on on this rank, the master now", what)
 
 
 def _is_data(value: Any) -> bool:

@@ -18,7 +18,7 @@ import keras
 import numpy as np
 import tnt_comm
 
-from . import callback_states, epoch_end, outcome, runtime
+from . import callback_states, elastic, epoch_end, outcome, runtime
 
 _HOOKS = (
     "on_batch_begin",
@@ -282,6 +282,38 @@ def wrap(callback: keras.callbacks.Callback, tnt_model: keras.Model) -> Callback
         callback_states.silence(wrapped.callback)
     wrapped.tnt_model = tnt_model
     return wrapped
+
+
+def verbose_of_a_printing_rank(verbose: Any) -> Any:
+    """The ``verbose`` Keras gets on a rank that prints: ``"auto"`` where the output is not
+    interactive gives what Keras chooses there, one line per epoch."""
+    if isinstance(verbose, str) and verbose == "auto" and not runtime.live_progress():
+        return 2
+    return verbose
+
+
+class _StandbyProgress(keras.callbacks.ProgbarLogger):
+    """The progress bar of a rank that does not print, in an elastic fit: a rank that becomes rank 0
+    in the middle of the fit takes it over (``callback_states.take_over``), with the ``verbose`` the
+    fit was given, so that the progress goes on being printed."""
+
+    def __init__(self, verbose: Any) -> None:
+        super().__init__()
+        self.given = verbose
+
+    def set_params(self, params: dict[str, Any]) -> None:
+        super().set_params({**params, "verbose": self.given})
+
+
+def standby_progress(verbose: Any) -> list[keras.callbacks.Callback]:
+    """For an elastic ``fit``'s callbacks, on a rank that does not print: a progress bar for it to take
+    over where it becomes rank 0 (none where ``verbose`` asks for none)."""
+    if runtime.prints_here() or not elastic.enabled():
+        return []
+    given = verbose_of_a_printing_rank(verbose)
+    if not given:
+        return []
+    return [Callback(_StandbyProgress(given), aggregate_logs=False, run_on_all_ranks=False)]
 
 
 def wrap_all(

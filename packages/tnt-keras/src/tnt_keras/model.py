@@ -324,12 +324,7 @@ class Model(keras.Model):
         )
 
     def _verbose(self, verbose: Any) -> Any:
-        if not runtime.prints_here():
-            return 0
-        if isinstance(verbose, str) and verbose == "auto" and not runtime.live_progress():
-            # What Keras chooses for output that is not interactive: one line per epoch.
-            return 2
-        return verbose
+        return tnt_callbacks.verbose_of_a_printing_rank(verbose) if runtime.prints_here() else 0
 
     def _prepare_variables(self, ds: Any) -> None:
         """Builds model, metrics and optimizer from the data's shapes, then takes rank 0's values."""
@@ -453,6 +448,7 @@ class Model(keras.Model):
                     # that set them for the epoch (a learning rate schedule), inside their timings.
                     callbacks=_with_preemption_watch(
                         tnt_callbacks.wrap_all(callbacks, self, resuming=resuming, joined=joined)
+                        + tnt_callbacks.standby_progress(verbose)
                     )
                     + after,
                     validation_data=val_ds,

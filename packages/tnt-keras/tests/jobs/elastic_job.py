@@ -33,7 +33,7 @@ fit); "model=syncbn" puts a SyncBatchNormalization into the
 model; "class_weight" weights class 1 three times class 0; "files" adds a CSVLogger, a ModelCheckpoint
 that keeps the best epoch's model by its validation loss and a BackupAndRestore, whose files the
 ranks' master writes (a lost rank 0 hands them on to the new one), against serial Keras' own, a
-ReduceLROnPlateau and an EarlyStopping (file_callbacks).
+ReduceLROnPlateau and an EarlyStopping (file_callbacks), and prints a line per epoch (verbose=2).
 "wait@EPOCH[:BATCH]": every rank waits at the start of epoch EPOCH (or of its training batch BATCH)
 until a replacement rank (tnt-launch --elastic MIN:MAX) has asked the job's store to join, so that
 it joins the fit there.
@@ -424,7 +424,7 @@ def waited(callbacks: list) -> list:
 FOLDER = os.path.join(os.environ["TNT_TEST_OUT"], "files")  # one for the job: its master writes there
 JOB_FILES = file_callbacks(FOLDER, WatchedCheckpoint) if FILES else []
 for first, last in ([(0, FIRST_FIT)] if FIRST_FIT else []) + [(FIRST_FIT, EPOCHS)]:
-    history = model.fit(**training_data(), epochs=last, initial_epoch=first, shuffle=False, verbose=0,
+    history = model.fit(**training_data(), epochs=last, initial_epoch=first, shuffle=False, verbose=2 if FILES else 0,
                         class_weight=WEIGHTS,
                         callbacks=[*JOB_FILES,
                                    tnt.callbacks.Callback(end_exchange, aggregate_logs=False),
