@@ -12,24 +12,24 @@ from what they saw so far take rank 0's state as the first epoch begins there (`
 
 from __future__ import annotations
 
-import pickle
 import weakref
 from typing import Any
 
 import keras
 import numpy as np
-import tnt_comm
 
-from . import runtime
+from . import epoch_end, runtime
 from .runtime import logger
+
+# The checkpoint callbacks: they decide on every rank, write on the master and share the outcome.
+CHECKPOINTS = (keras.callbacks.ModelCheckpoint, keras.callbacks.BackupAndRestore)
 
 # Keras callbacks whose decisions rest on what they saw of the fit so far (a best value, a count of
 # epochs or batches): a replacement that joins an elastic fit takes their state from rank 0.
 STATEFUL = (
     keras.callbacks.EarlyStopping,
     keras.callbacks.ReduceLROnPlateau,
-    keras.callbacks.ModelCheckpoint,
-    keras.callbacks.BackupAndRestore,
+    *CHECKPOINTS,
 )
 
 _begun_here: weakref.WeakSet[keras.callbacks.Callback] = weakref.WeakSet()
@@ -73,12 +73,12 @@ def epoch_begins(callback: keras.callbacks.Callback, epoch: int, *, resuming: bo
     as they were when it began first; where replacements ``joined``, every rank takes the state rank 0
     has then (collective: two broadcasts); then keeps a checkpoint callback's attributes for an epoch
     begun again."""
-    checkpoints = isinstance(callback, (keras.callbacks.ModelCheckpoint, keras.callbacks.BackupAndRestore))
+    checkpoints = isinstance(callback, CHECKPOINTS)
     kept = _at_epoch_start.get(callback)
     if checkpoints and resuming and kept is not None and kept[0] == epoch:
         vars(callback).update(kept[1])
     if joined:
-        state = _from_rank_0(_state_of(callback) if runtime.get_rank() == 0 else None)
+        state = epoch_end.broadcast_object(_state_of(callback) if runtime.get_rank() == 0 else None, 0)
         if runtime.get_rank() != 0:
             vars(callback).update(state)
     if checkpoints:
@@ -121,15 +121,6 @@ def _state_of(callback: keras.callbacks.Callback) -> dict[str, Any]:
     """What a Keras callback keeps of the fit so far: its attributes that are plain data (not its
     model, its functions or its ``verbose``, which each rank sets for itself)."""
     return {k: v for k, v in vars(callback).items() if k != "verbose" and _is_data(v)}
-
-
-def _from_rank_0(value: Any) -> Any:
-    """Rank 0's ``value`` on every rank (collective: its pickled length, then its bytes)."""
-    mine = np.frombuffer(pickle.dumps(value), np.uint8) if runtime.get_rank() == 0 else None
-    length = tnt_comm.broadcast(np.array([0 if mine is None else len(mine)], np.int64), root=0)
-    buffer = mine.copy() if mine is not None else np.zeros(int(length[0]), np.uint8)
-    tnt_comm.broadcast(buffer, root=0)
-    return pickle.loads(buffer.tobytes())  # noqa: S301 (from this job's own rank 0)
 
 
 def checkpoints_on_master(callback: keras.callbacks.ModelCheckpoint) -> bool:

@@ -46,7 +46,7 @@ _DELEGATES = {"on_train_batch_begin": "on_batch_begin", "on_train_batch_end": "o
 
 # Keras callbacks that write checkpoints on the master rank only. Their on_train_batch_end does nothing
 # when they save once per epoch.
-_EPOCH_SAVERS = (keras.callbacks.ModelCheckpoint, keras.callbacks.BackupAndRestore)
+_EPOCH_SAVERS = callback_states.CHECKPOINTS
 
 
 def _saves_per_epoch_only(callback: keras.callbacks.Callback) -> bool:
@@ -207,21 +207,25 @@ class Callback(keras.callbacks.Callback):
             if isinstance(self.callback, callback_states.STATEFUL):
                 callback_states.epoch_begins(self.callback, self._epoch, resuming=self.resuming, joined=self.joined)
                 self.joined = False
-        began_elsewhere = (
-            self._fitting
-            and not callback_states.began_here(self.callback)
+        # A master-only callback that began on another rank (the master now, inside the fit); every
+        # other callback pays one test here, at every hook it hears.
+        if (
+            not self.run_on_all_ranks
+            and self._fitting
             and (hook != "on_train_begin" or self.resuming)
-        )
-        if not self.run_on_all_ranks and self.runs_here and began_elsewhere:  # the master now, inside the fit
+            and self.runs_here
+            and not callback_states.began_here(self.callback)
+        ):
             model = self.tnt_model if self.tnt_model is not None else self.model
             callback_states.take_over(self.callback, model, self.params, hook, self._epoch)
             if hook == "on_train_begin":
                 return False
-        restores = isinstance(self.callback, keras.callbacks.BackupAndRestore)
-        if hook == "on_train_begin" and (self.resuming or (self.joined and restores)):
-            return False  # training has begun: a replacement's state comes from rank 0, not from the backup
-        if hook == "on_train_begin" and self.runs_here:
-            callback_states.began(self.callback)
+        if hook == "on_train_begin":
+            restores = isinstance(self.callback, keras.callbacks.BackupAndRestore)
+            if self.resuming or (self.joined and restores):
+                return False  # training has begun: a replacement's state comes from rank 0, not from the backup
+            if self.runs_here:
+                callback_states.began(self.callback)
         elif hook == "on_train_end":
             self._fitting = False
             callback_states.ended(self.callback)

@@ -64,12 +64,17 @@ class Journal:
         return result
 
     def take_from(self, holder: int) -> None:
-        """Every survivor takes ``holder``'s results (one broadcast of their length, one of them)."""
-        mine = np.frombuffer(pickle.dumps(self.entries), np.uint8) if tnt_comm.rank() == holder else None
-        length = tnt_comm.broadcast(np.array([0 if mine is None else len(mine)], np.int64), root=holder)
-        buffer = mine.copy() if mine is not None else np.zeros(int(length[0]), np.uint8)
-        tnt_comm.broadcast(buffer, root=holder)
-        self.known = pickle.loads(buffer.tobytes())  # noqa: S301 (from this job's own ranks)
+        """Every survivor takes ``holder``'s results."""
+        self.known = broadcast_object(self.entries, holder)
+
+
+def broadcast_object(value: Any, root: int) -> Any:
+    """``root``'s ``value`` on every rank, pickled (collective: one broadcast of its length, one of it)."""
+    mine = np.frombuffer(pickle.dumps(value), np.uint8) if tnt_comm.rank() == root else None
+    length = tnt_comm.broadcast(np.array([0 if mine is None else len(mine)], np.int64), root=root)
+    buffer = mine.copy() if mine is not None else np.zeros(int(length[0]), np.uint8)
+    tnt_comm.broadcast(buffer, root=root)
+    return pickle.loads(buffer.tobytes())  # noqa: S301 (from this job's own ranks)
 
 
 active: Journal | None = None
