@@ -3,7 +3,7 @@ training step, inside one between its gradient sum and its metric sum, at random
 at an epoch's end, during the validation of an epoch, during a later evaluate and predict and in
 the closing collectives between those calls, rank 0 and two ranks at once among them, in a second
 fit of the model too, and on a PyDataset, a DataLoader and tf.data pipelines (one reshuffling every
-epoch) as well as arrays; the survivors re-form the job, redo the step (torch, TensorFlow), finish
+epoch) as well as arrays; the survivors re-form the job, redo the step (on JAX too), finish
 an epoch's end (taking a collective's result from the survivor that had it), redo the epoch or the
 call, or return from a call every rank had finished, and end with what serial Keras ends with on
 the same global batches: weights and optimizer state, every epoch's logs in History, and the
@@ -25,8 +25,8 @@ pytestmark = pytest.mark.by_backend
 # takes from the rank it replaces, and --elastic): torch runs all of them but the second fit on arrays
 # (its PyDataset's is a second fit; its tf.data pipeline comes whole as a TensorFlow one does);
 # TensorFlow a rank lost after the gradient sum, rank 0's loss, a replacement joining mid-epoch, the
-# calls' boundaries and a second fit; JAX (whose jobs cost the most: compiling) a replacement at an
-# epoch's start and the calls' boundaries.
+# calls' boundaries and a second fit; JAX (whose jobs cost the most: compiling) a lost step redone and a
+# replacement joining mid-epoch, and the calls' boundaries (and one of the random kills' jobs).
 SCENARIOS = {
     # Lost before a training step; then another in the predict after the fit (generation 1).
     "step": (["1@1:batch:2", "3@0:predict:1:1"], [0, 2], "2"),
@@ -95,10 +95,9 @@ SCENARIOS = {
     # (it could not draw the others' order); rank 3 is lost in a step of epoch 2 (generation 1).
     "own-sampler": (["data=own-sampler", "2@1:validation:1", "wait@2", "3@2:metrics:1:1"], [0, 1], "2:4"),
 }
-# Where a case trains on another input than arrays (the epoch redone there as with arrays), beside
-# what its scenario tests; JAX calls a metric's update only while it traces the step, so its
-# PyDataset case is one with a kill before a step.
-INPUTS = {("tensorflow", "rank-0-epoch-end"): ("data=tfdata",), ("jax", "replacement"): ("data=pydataset",)}
+# Where a case trains on another input than arrays, beside what its scenario tests; JAX calls a
+# metric's update only while it traces the step, so its PyDataset case is one with a kill before a step.
+INPUTS = {("tensorflow", "rank-0-epoch-end"): ("data=tfdata",), ("jax", "replacement-mid-epoch"): ("data=pydataset",)}
 EVERY_RANK_SAYS = ("--log-on-all-devices", "--output-on-all-devices")  # which call each survivor goes on with
 EXTRA = {"replacement-mid-epoch": ("-x", "TNT_ELASTIC_ADMIT_STEPS=6"), "between-calls": EVERY_RANK_SAYS,
          "dataloader": ("--max-restarts", "1")}
@@ -110,7 +109,9 @@ CASES = [("torch", name) for name in SCENARIOS if name != "second-fit"] + [
     ("tensorflow", "between-calls"),  # the calls' boundaries, with the closing collectives after traced steps
     ("tensorflow", "second-fit"),  # the traced train function the first fit wrapped, wrapped once again
     ("tensorflow", "tfdata-step"),
-    ("jax", "replacement"),  # a loss, the re-forming and a replacement, on a PyDataset: the costliest backend once
+    # A lost step redone and a replacement that joins mid-epoch (the steps done passed over, the metric
+    # states handed on), on a PyDataset: the costliest backend once.
+    ("jax", "replacement-mid-epoch"),
     ("jax", "between-calls"),  # the closing collectives after steps Keras-JAX dispatched asynchronously
 ]
 
@@ -164,7 +165,7 @@ def test_an_elastic_fit_that_loses_ranks_equals_serial_training(backend: str, sc
         assert report["predict_error"] <= TOL * max(1.0, report["predict_scale"]), report
     redone_steps = ("step", "after-gradient-sum", "stopped", "second-fit", "pydataset", "dataloader", "tfdata-step",
                     "pydataset-reordered")
-    if backend != "jax" and scenario in redone_steps:
+    if scenario in redone_steps:
         assert "runs again on 3 rank(s)" in result.output, result.output
         assert ("trains epoch" in result.output) == (scenario == "dataloader"), result.output
     # Said at the start where the input reshuffles (an epoch begun again would read another order), only there.
@@ -190,6 +191,9 @@ def test_an_elastic_fit_that_loses_ranks_equals_serial_training(backend: str, sc
         assert f"rank {victim} (host localhost, local rank {victim}) {how}" in result.output, result.output[-4000:]
     if scenario.startswith("replacement"):
         assert members == [0, 1, 3, 4] and "joined: rank 4" in result.output, result.output[-4000:]
+        # Rank 2 was lost before a step of epoch 0: the step is redone (on JAX too), no epoch trained again.
+        assert "step 3 of this fit runs again on 3 rank(s)" in result.output, result.output[-4000:]
+        assert "trains epoch" not in result.output, result.output[-4000:]
         joined = [2, 3] if scenario == "replacement" else [1, 2, 3]
         assert [r["epochs"] for r in reports if r["member"] == 4] == [joined]
     if scenario == "between-calls":
@@ -226,12 +230,13 @@ def test_fewer_ranks_left_than_elastic_asks_for_ends_the_job() -> None:
 
 
 # Three jobs of three kills each (random ranks, steps and points within the step; the fit split in two
-# at a random epoch in some), two on torch and one on TensorFlow (on arrays or a tf.data pipeline); set
+# at a random epoch in some), on torch, TensorFlow (on arrays or a tf.data pipeline) and JAX (whose steps
+# run compiled, each a pure function of its state that a kill may interrupt anywhere); set
 # TNT_ELASTIC_SEEDS=a,b,... to run others (a failure names its seed).
 SEEDS = [int(s) for s in os.environ.get("TNT_ELASTIC_SEEDS", "").split(",") if s] or [
     random.SystemRandom().randrange(1 << 30) for _ in range(3)
 ]
-RANDOM_BACKENDS = ["torch", "tensorflow", "torch"]
+RANDOM_BACKENDS = ["torch", "tensorflow", "jax"]
 
 
 @pytest.mark.timeout(300)

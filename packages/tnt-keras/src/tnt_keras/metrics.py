@@ -21,7 +21,7 @@ from . import backends, state
 
 class _Reducing(threading.local):
     active = False
-    kept: StepSums | None = None  # where the train step running keeps its sums (StepSums.keeping)
+    kept: StepSums | TracedSums | None = None  # where the train step running keeps its sums (.keeping)
 
 
 _reducing = _Reducing()
@@ -100,6 +100,34 @@ class StepSums:
         if not all(id(v) in self.covered for v in variables):
             return None
         return [self.copies[id(v)][1].value for v in variables]
+
+
+class TracedSums:
+    """The global metric states of a train step that is a pure function of its state (Keras-JAX's),
+    as values of that step: the step returns them beside its logs (``pure_train_function`` of the
+    backend), for an elastic fit that redoes lost steps."""
+
+    def __init__(self) -> None:
+        self.found: dict[int, Any] = {}  # id(metric variable) -> its global state, in the step
+
+    @contextlib.contextmanager
+    def keeping(self) -> Iterator[None]:
+        """Within the block (the step, traced or run), the sums of metric states are kept."""
+        outer, _reducing.kept = _reducing.kept, self
+        self.found = {}
+        try:
+            yield
+        finally:
+            _reducing.kept = outer
+
+    def keep(self, variables: Sequence[Any], summed: Sequence[Any]) -> None:
+        self.found.update((id(v), value) for v, value in zip(variables, summed, strict=True))
+
+    def values(self, variables: Sequence[Any]) -> list[Any] | None:
+        """The kept sums of ``variables``, or None where the step did not sum all of them."""
+        if not all(id(v) in self.found for v in variables):
+            return None
+        return [self.found[id(v)] for v in variables]
 
 
 def keep_step_sums(model: keras.Model) -> tuple[StepSums, bool]:

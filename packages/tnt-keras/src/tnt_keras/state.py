@@ -29,9 +29,12 @@ class ModelState:
     gradient_sum: Any = None
     """The torch backend's gradient sum of it (backends/torch/gradients.py)."""
     update_at_step_end: bool = False
+    """Its train steps apply their update after their last collective (step_redo.py)."""
     step_sums: Any = None
     """Where its train steps keep their global metric states (metrics.keep_step_sums)."""
-    """Its train steps apply their update after their last collective (step_redo.py)."""
+    pure_train: tuple[Any, Any] | None = None
+    """The JAX backend's train function for elastic fits that redo steps, and what it was made from
+    (the train step, run_eagerly, jit_compile: backends/jax/redo.py), kept for every attempt."""
 
 
 _models: weakref.WeakKeyDictionary[Any, ModelState] = weakref.WeakKeyDictionary()

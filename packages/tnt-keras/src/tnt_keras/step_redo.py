@@ -1,5 +1,5 @@
-"""Redoing the step a rank was lost in, instead of its epoch (an elastic fit on the torch or
-TensorFlow backend, of tnt's slices of arrays, a ``PyDataset`` or a torch ``DataLoader``, or a
+"""Redoing the step a rank was lost in, instead of its epoch (an elastic fit on any backend, of
+tnt's slices of arrays, a ``PyDataset`` or a torch ``DataLoader``, or on torch and TensorFlow a
 TensorFlow pipeline handed over whole, with Keras' own train step).
 
 A train step changes the model in three places: its forward pass changes the small state (the
@@ -7,9 +7,11 @@ non-trainable variables: moving statistics, dropout seeds; the loss tracker), th
 follows the gradient sum, and the metric states follow the update. The backend holds the update back
 until the step's last collective, the sum of the metric states, is done (``update_at_step_end``), so
 a step that fails has changed no weight on any rank, only the small state, which is copied before
-every step (on the device, no host transfer). The global metric states that a step's logs were
-computed from are kept, by the step itself (``metrics.StepSums``: a traced step too): no survivor
-needs anything the lost rank held.
+every step (on the device, no host transfer). On JAX, whose train step is a pure function of its
+state, the step is compiled without giving that state up, so a step that fails changes nothing at
+all (``Backend.pure_train_function``). The global metric states that a step's logs were computed
+from are kept, by the step itself (``metrics.StepSums``: a traced step too; on JAX returned beside
+the new state): no survivor needs anything the lost rank held.
 
 When a collective of the step raises ``PeerFailure`` or ``Timeout``, the survivors re-form the job
 and agree on how far it got. A survivor may have finished the step (its last collective completed
@@ -135,8 +137,12 @@ class StepRedo:
         self.metric_variables: list[Any] = []  # known once the fit built the model and its metrics
         self.small: list[Any] = []
         self.step_sums: metrics.StepSums | None = None
-        self.original: Callable[[Any], Any] | None = None  # Keras' train function, which install() wraps
-        self.wrapper: Callable[[Any], Any] | None = None
+        self.original: Callable[..., Any] | None = None  # Keras' train function, which install() wraps
+        self.wrapper: Callable[..., Any] | None = None
+        # Where the backend's train step is a pure function of its state (JAX): that function, and the
+        # state the step running was handed (the one it goes on from after a loss, or that it hands on).
+        self.pure = backends.current().pure_train_function(self.model)
+        self.state: Any = None
         # Where Keras hands the step its epoch's iterator (TensorFlow), the batch is drawn here:
         self.iterator: Any = None  # the epoch's iterator
         self.drawn = 0  # how many batches of it were drawn
@@ -158,6 +164,9 @@ class StepRedo:
         self.deal_next = False  # the next epoch's iterator, made before the job re-formed, is dealt here
 
     def _collect(self) -> None:
+        if self.pure is not None:  # the state's metric part, in its order; nothing else to put back
+            self.metric_variables = list(self.model.metrics_variables)
+            return
         self.metric_variables = [v for m in self.model.metrics for v in m.variables]
         # What a failed step's forward pass may have changed; its metric states are set anew anyway.
         metric_ids = {id(v) for v in self.metric_variables}
@@ -167,6 +176,12 @@ class StepRedo:
         self.step_sums.prepare(self.metric_variables)  # before the step is traced
 
     def install(self) -> None:
+        if self.pure is not None:  # Keras-JAX calls train_function(state, iterator)
+            self.original = self.model.train_function
+            self.wrapper = self._run_pure
+            self.model.train_function = self.wrapper
+            self._install_common()
+            return
         self.step_sums, changed = metrics.keep_step_sums(self.model)
         if changed:  # a train function made before calls the train step as it was
             self.model.train_function = None
@@ -175,6 +190,9 @@ class StepRedo:
         self.original = original
         self.wrapper = lambda data: self._run(original, data)
         self.model.train_function = self.wrapper
+        self._install_common()
+
+    def _install_common(self) -> None:
         reset_metrics = self.model.reset_metrics
 
         def reset() -> None:  # each epoch (and its validation) starts the metrics from zero
@@ -254,12 +272,25 @@ class StepRedo:
             self.whole = drawn
         return (self._deal(self.drawn - 1) if self.dealt_here or self.slicer else [drawn]), self.drawn - 1
 
+    def _run_pure(self, state: Any, data: Any) -> tuple[Any, Any]:
+        """Keras-JAX's train function: ``(logs, state)`` of one step on ``data`` (the epoch's iterator)."""
+        assert self.pure is not None
+        pure = self.pure
+        self.state = state
+
+        def step(batches: list[Any]) -> Any:
+            logs, self.state, sums = pure(self.state, batches[0])
+            return logs, sums
+
+        logs = self._run(step, data)
+        return logs, self.state
+
     def _run(self, original: Callable[[Any], Any], data: Any) -> Any:
         if self.done == 0:
             self._collect()
         batches, index = self._batch(data)
-        if self.reset:
-            self.sums, self.reset = [keras.ops.zeros_like(v.value) for v in self.metric_variables], False
+        if self.reset:  # (the variables' values may be elsewhere: Keras-JAX's state during an epoch)
+            self.sums, self.reset = [keras.ops.zeros(v.shape, v.dtype) for v in self.metric_variables], False
         if self.share_sums:  # going on mid-epoch: the epoch's metric states so far, from rank 0
             self.share_sums, self.sums = False, self.carried
             self._hand_on(0, metrics_only=True)
@@ -283,8 +314,11 @@ class StepRedo:
                 batches = self._deal(index)
                 continue
             self.done += 1
-            assert self.step_sums is not None
-            self.sums = self.step_sums.values(self.metric_variables)
+            if self.pure is not None:
+                logs, self.sums = logs
+            else:
+                assert self.step_sums is not None
+                self.sums = self.step_sums.values(self.metric_variables)
             self._step_done()
             return logs
 
@@ -351,6 +385,9 @@ class StepRedo:
 
     def _hand_on(self, healer: int, metrics_only: bool = False) -> None:
         """Every rank takes ``healer``'s variables and global metric states (one broadcast)."""
+        if self.pure is not None:
+            self._hand_on_state(healer, metrics_only)
+            return
         if tnt_comm.rank() == healer:
             for variable, value in zip(self.metric_variables, self.sums or [], strict=True):
                 variable.assign(value)
@@ -360,10 +397,28 @@ class StepRedo:
         shared_variables.broadcast_variables(everything, root=healer, checked=True)
         self.sums = [keras.ops.copy(v.value) for v in self.metric_variables]
 
+    def _hand_on_state(self, healer: int, metrics_only: bool) -> None:
+        """``_hand_on`` of a pure step's state (JAX): the state's arrays, and the metric sums for its
+        metric part."""
+        *variables, metric_states = self.state
+        values = [] if metrics_only else [value for part in variables for value in part]
+        values += list(self.sums or []) if tnt_comm.rank() == healer else list(metric_states)
+        taken = [keras.ops.convert_to_tensor(v) for v in shared_variables.broadcast_values(values, root=healer)]
+        parts, start = [], 0
+        for part in [] if metrics_only else variables:
+            parts.append(taken[start:start + len(part)])
+            start += len(part)
+        self.sums = taken[start:]
+        self.state = (*(parts or variables), self.sums)
+
     def _share_out_sums(self) -> None:
         """The metric states summed over the ranks left are the global ones: rank 0 holds them."""
-        for variable, value in zip(self.metric_variables, self.sums or [], strict=True):
-            variable.assign(value if tnt_comm.rank() == 0 else keras.ops.zeros_like(value))
+        shared = [value if tnt_comm.rank() == 0 else keras.ops.zeros_like(value) for value in self.sums or []]
+        if self.pure is not None:
+            self.state = (*self.state[:-1], shared)
+            return
+        for variable, value in zip(self.metric_variables, shared, strict=True):
+            variable.assign(value)
 
     def _logs(self) -> Any:
         """The logs of a step finished elsewhere: its metric results, from the global states."""
@@ -402,6 +457,9 @@ def attach(
     (the same on every rank)."""
     if not redoes_steps(tnt_model) or not dealt_again(ds):
         return None
+    slicing = [d for d in (ds, val_ds) if d is not None and backends.current().drawn_slicer(d) is not None]
+    if slicing and backends.current().pure_train_function(tnt_model.model) is not None:
+        return None  # a pure step (JAX) is not handed a pipeline's whole batches to slice
     if val_ds is not None and not dealt_again(val_ds):
         return None  # a validation dataset of another kind cannot be dealt over fewer ranks
     # Steps are counted within an epoch where Keras starts every epoch's batches anew; not where the

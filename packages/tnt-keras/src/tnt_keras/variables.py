@@ -103,18 +103,36 @@ def broadcast_variables(variables: Sequence[Any], root: int = 0, *, checked: boo
         check_same_variables(variables)
     if not variables:
         return
-    dtypes, sizes = _dtypes_and_sizes(variables)
+    taken = _broadcast(variables, root, lambda v: v.numpy())
+    if tnt_comm.rank() != root:
+        for variable, value in zip(variables, taken, strict=True):
+            variable.assign(value)
+
+
+def broadcast_values(values: Sequence[Any], root: int = 0) -> list[Any]:
+    """The root's arrays, in place of ``values`` (arrays of the same shapes and dtypes on every rank,
+    which the caller makes sure of), in one fused broadcast: on the root, ``values`` themselves."""
+    if tnt_comm.size() == 1 or not values:
+        return list(values)
+    taken = _broadcast(values, root, np.asarray)
+    return list(values) if tnt_comm.rank() == root else taken
+
+
+def _broadcast(items: Sequence[Any], root: int, read: Any) -> list[np.ndarray]:
+    """The root's values of ``items`` (each read as a numpy array by ``read`` on the root alone), as
+    numpy arrays on the other ranks, through one buffer of bytes; [] on the root."""
+    dtypes, sizes = _dtypes_and_sizes(items)
     bounds = np.cumsum([0, *sizes]).tolist()
     payload = np.empty(bounds[-1], np.uint8)
     sending = tnt_comm.rank() == root
     if sending:
-        for variable, start, end in zip(variables, bounds[:-1], bounds[1:], strict=True):
-            payload[start:end] = np.ascontiguousarray(variable.numpy()).reshape(-1).view(np.uint8)
+        for item, start, end in zip(items, bounds[:-1], bounds[1:], strict=True):
+            payload[start:end] = np.ascontiguousarray(read(item)).reshape(-1).view(np.uint8)
     tnt_comm.broadcast(payload, root=root)
     if sending:
-        return
-    for variable, dtype, start, end in zip(variables, dtypes, bounds[:-1], bounds[1:], strict=True):
-        variable.assign(payload[start:end].view(dtype).reshape(tuple(variable.shape)))
+        return []
+    return [payload[start:end].view(dtype).reshape(tuple(item.shape))
+            for item, dtype, start, end in zip(items, dtypes, bounds[:-1], bounds[1:], strict=True)]
 
 
 def barrier() -> None:

@@ -113,6 +113,14 @@ class Backend(Protocol):
         the backend cannot."""
         ...
 
+    def pure_train_function(self, model: keras.Model) -> Callable[[Any, Any], tuple[Any, Any, Any]] | None:
+        """Where Keras' train step is a pure function of its state (Keras-JAX), the train function of
+        an elastic fit that redoes lost steps: ``(logs, state, sums) = train(state, data)``, which
+        leaves ``state`` as it was where the step fails, returns the step's global metric states
+        (``sums``) and returns once the step has run; None where Keras' train step changes the
+        model's variables itself (``update_at_step_end`` holds its update back)."""
+        ...
+
     def predicted_outputs(self, returned: Any) -> Any:
         """The outputs of one batch in what Keras' predict function ``returned`` (Keras-JAX's also
         returns its state)."""

@@ -14,9 +14,10 @@ from typing import Any
 import jax
 import keras
 import tnt_comm
+from jax._src import dispatch  # the runtime tokens of ordered effects (_forget_failed_effects)
 
 from .. import explain_python_errors, host_inputs, reraised
-from . import collectives, gradients, steps
+from . import collectives, gradients, redo, steps
 
 __all__ = [
     "build",
@@ -31,6 +32,7 @@ __all__ = [
     "jit_compile",
     "order_state",
     "predicted_outputs",
+    "pure_train_function",
     "reshuffles",
     "set_order_state",
     "summed_values",
@@ -49,6 +51,7 @@ order_state = host_inputs.order_state
 set_order_state = host_inputs.set_order_state
 unshared_order = host_inputs.unshared_order
 build_for_predict = host_inputs.build_for_predict
+pure_train_function = redo.pure_train_function
 
 
 def prepare() -> None:
@@ -77,7 +80,21 @@ def explain_errors(what: str) -> Iterator[None]:
         found = collectives.take_failure()
         if found is None:
             raise
+        _forget_failed_effects()
         raise reraised(what, found) from error
+
+
+def _forget_failed_effects() -> None:
+    """JAX keeps the token of the last program with ordered effects (the callbacks of a step) that
+    ran, and waits on it as the process exits: where that program failed, it printed the failure
+    again there, as an error, in a job that went on and succeeded (elastic). The failure is
+    explained now; the tokens of programs that ran are waited for, and the failed one forgotten."""
+    tokens = getattr(dispatch, "runtime_tokens", None)
+    if tokens is None:  # another JAX: nothing kept where this one keeps it
+        return
+    with contextlib.suppress(Exception):
+        tokens.block_until_ready()
+    tokens.clear()
 
 
 def install_hooks(model: keras.Model, size: int) -> None:
@@ -97,8 +114,9 @@ def jit_compile(asked: Any) -> Any:
 
 
 def update_at_step_end(model: keras.Model) -> bool:  # noqa: ARG001
-    """The update is part of the compiled step: not held back here (an elastic fit redoes the epoch)."""
-    return False
+    """A step is a pure function of its state, which an elastic fit's train function does not donate
+    (``pure_train_function``): a step that fails changes nothing, with no update to hold back."""
+    return True
 
 
 def forget_collectives(model: keras.Model) -> None:

@@ -27,6 +27,7 @@ __all__ = [
     "jit_compile",
     "order_state",
     "predicted_outputs",
+    "pure_train_function",
     "reshuffles",
     "set_order_state",
     "summed_values",
@@ -58,6 +59,11 @@ def install_hooks(model: keras.Model, size: int) -> None:
 def predicted_outputs(returned: Any) -> Any:
     """Keras' predict function returns the outputs alone."""
     return returned
+
+
+def pure_train_function(model: keras.Model) -> None:  # noqa: ARG001
+    """Keras' train step here changes the model's variables itself: none (``update_at_step_end``)."""
+    return None
 
 
 def jit_compile(asked: Any) -> bool:
