@@ -183,10 +183,14 @@ model.compile(optimizer="sgd", loss=loss, metrics=["accuracy"])
 
 
 class Clock(keras.callbacks.Callback):
-    epoch, last, steps = 0, None, []
+    epoch, last, steps, began, epochs = 0, None, [], 0.0, []
 
     def on_epoch_begin(self, epoch, logs=None):
-        self.epoch, self.last = epoch, None
+        self.epoch, self.last, self.began = epoch, None, time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch > 0:
+            self.epochs.append(time.perf_counter() - self.began)
 
     def on_train_batch_begin(self, batch, logs=None):
         now = time.perf_counter()
@@ -210,13 +214,14 @@ else:
     data = {"x": x, "y": y, "batch_size": 256}
 model.fit(**data, epochs=4, verbose=0, callbacks=[tnt.callbacks.Callback(clock, aggregate_logs=False)])
 if tnt_comm.rank() == 0:
-    open(out, "w").write(json.dumps(clock.steps))
+    open(out, "w").write(json.dumps({"steps": clock.steps, "epochs": clock.epochs}))
 """
 
 
-def keras_steady_state(backend: str, elastic: bool, folder: Path, data: str = "arrays") -> list[float]:
-    """Step times (begin to begin, epochs 2-4) of LeNet-5 on numpy arrays (or ``data`` "tfdata": a
-    tf.data pipeline of them; "dataloader": a torch DataLoader), 2 ranks, with or without --elastic."""
+def keras_steady_state(backend: str, elastic: bool, folder: Path, data: str = "arrays") -> dict[str, list[float]]:
+    """Step times (begin to begin) and epoch times (begin to end, validation-free), epochs 2-4, of
+    LeNet-5 on numpy arrays (or ``data`` "tfdata": a tf.data pipeline of them; "dataloader": a torch
+    DataLoader), 2 ranks, with or without --elastic."""
     return json.loads(keras_job(STEADY, backend, two_ranks(elastic), folder, data).read_text())
 
 
@@ -267,14 +272,18 @@ def main() -> None:
             plain: list[float] = []
             elastic: list[float] = []
             pairs: list[float] = []  # each pair of neighbouring passes: with over without, per-pass medians
+            epochs: dict[bool, list[float]] = {False: [], True: []}
             for trial in range(args.trials):
                 runs = {flag: keras_steady_state(backend, flag, folder, args.steady_input) for flag in abba(trial)}
-                without, with_elastic = runs[False], runs[True]
+                without, with_elastic = runs[False]["steps"], runs[True]["steps"]
                 plain += without
                 elastic += with_elastic
                 pairs.append(statistics.median(with_elastic) / statistics.median(without) - 1)
+                for flag in (False, True):
+                    epochs[flag] += runs[flag]["epochs"]
             p, e = statistics.median(plain) * 1e3, statistics.median(elastic) * 1e3
-            # Keras-JAX dispatches a step and goes on: its callbacks time the dispatches, not the steps.
+            # Keras-JAX may dispatch a step before the one before has run (not in an elastic fit, which
+            # waits for each): its step times are the times between dispatches; its epochs are whole.
             caveat = "; JAX: the times between dispatches, not the steps" if backend == "jax" else ""
             quartiles = statistics.quantiles(pairs, n=4) if len(pairs) > 1 else pairs * 3
             print(f"Keras fit on {backend}, LeNet-5 on {args.steady_input}, 2 ranks: {p:.2f} ms per step without "
@@ -283,6 +292,9 @@ def main() -> None:
                   f"{len(elastic)} steps over {args.trials} alternating passes{caveat}); pass by pass: median "
                   f"{statistics.median(pairs) * 100:+.1f}%, quartiles {quartiles[0] * 100:+.1f}% and "
                   f"{quartiles[2] * 100:+.1f}%, range {min(pairs) * 100:+.1f}% to {max(pairs) * 100:+.1f}%", flush=True)
+            pe, ee = (statistics.median(epochs[flag]) for flag in (False, True))
+            print(f"  its epochs: {pe:.3f} s without --elastic, {ee:.3f} s with ({(ee / pe - 1) * 100:+.1f}%; "
+                  f"medians of {len(epochs[False])} and {len(epochs[True])} epochs)", flush=True)
         for backend in args.keras_calls:
             # Passes alternate ABBA, as above; the medians of every call.
             runs: dict[bool, dict[str, list[float]]] = {False: {}, True: {}}

@@ -102,6 +102,9 @@ EVERY_RANK_SAYS = ("--log-on-all-devices", "--output-on-all-devices")  # which c
 EXTRA = {"replacement-mid-epoch": ("-x", "TNT_ELASTIC_ADMIT_STEPS=6"), "between-calls": EVERY_RANK_SAYS,
          "dataloader": ("--max-restarts", "1")}
 RANKS = {"between-calls": 5, "dataloader-one-left": 2}  # the others start 4
+# JAX redoes the epoch unless told to redo the step (step_redo.REDO: each step is then waited for).
+REDO_STEPS = ("-x", "TNT_ELASTIC_REDO=step")
+BACKEND_EXTRA = {("jax", "replacement-mid-epoch"): REDO_STEPS}
 CASES = [("torch", name) for name in SCENARIOS if name != "second-fit"] + [
     ("tensorflow", "after-gradient-sum"),  # the lost step redone, in a traced step
     ("tensorflow", "rank-0-epoch-end"),  # on a tf.data pipeline
@@ -110,9 +113,9 @@ CASES = [("torch", name) for name in SCENARIOS if name != "second-fit"] + [
     ("tensorflow", "second-fit"),  # the traced train function the first fit wrapped, wrapped once again
     ("tensorflow", "tfdata-step"),
     # A lost step redone and a replacement that joins mid-epoch (the steps done passed over, the metric
-    # states handed on), on a PyDataset: the costliest backend once.
+    # states handed on), on a PyDataset, with TNT_ELASTIC_REDO=step: the costliest backend once.
     ("jax", "replacement-mid-epoch"),
-    ("jax", "between-calls"),  # the closing collectives after steps Keras-JAX dispatched asynchronously
+    ("jax", "between-calls"),  # the closing collectives after steps Keras-JAX dispatched asynchronously; epochs redone
 ]
 
 
@@ -133,7 +136,8 @@ def test_an_elastic_fit_that_loses_ranks_equals_serial_training(backend: str, sc
                "dataloader": "60", "own-sampler": "60", "pydataset-reordered": "60"}.get(
         scenario, "30")
     result = _launch("elastic_job", RANKS.get(scenario, 4), tuple(args), timeout=280, backend=backend,
-                     launcher_args=("--elastic", elastic, "--timeout", timeout, *EXTRA.get(scenario, ())))
+                     launcher_args=("--elastic", elastic, "--timeout", timeout, *EXTRA.get(scenario, ()),
+                                    *BACKEND_EXTRA.get((backend, scenario), ())))
     assert f"finished on {len(slots)} rank(s)" in result.output, result.output[-4000:]
     reports = [result.ranks[slot] for slot in slots]
     members = sorted(report["member"] for report in reports)
@@ -230,8 +234,9 @@ def test_fewer_ranks_left_than_elastic_asks_for_ends_the_job() -> None:
 
 
 # Three jobs of three kills each (random ranks, steps and points within the step; the fit split in two
-# at a random epoch in some), on torch, TensorFlow (on arrays or a tf.data pipeline) and JAX (whose steps
-# run compiled, each a pure function of its state that a kill may interrupt anywhere); set
+# at a random epoch in some), on torch, TensorFlow (on arrays or a tf.data pipeline) and JAX (with
+# TNT_ELASTIC_REDO=step; its steps run compiled, each a pure function of its state that a kill may
+# interrupt anywhere); set
 # TNT_ELASTIC_SEEDS=a,b,... to run others (a failure names its seed).
 SEEDS = [int(s) for s in os.environ.get("TNT_ELASTIC_SEEDS", "").split(",") if s] or [
     random.SystemRandom().randrange(1 << 30) for _ in range(3)
@@ -256,8 +261,9 @@ def test_kills_at_random_points_of_an_elastic_fit_leave_it_equal_to_serial_train
         args.append("data=tfdata")
     if backend == "torch" and rng.random() < 0.5:  # from a DataLoader over an IterableDataset (no indices)
         args.append("data=stream")
+    redo = REDO_STEPS if backend == "jax" else ()  # (the step redone on every backend)
     result = _launch("elastic_job", 4, ("epochs=6", *args), timeout=280, backend=backend,
-                     launcher_args=("--elastic", "1", "--timeout", "30"), check=False)
+                     launcher_args=("--elastic", "1", "--timeout", "30", *redo), check=False)
     context = f"seed {seed} on {backend}: kills {args}\n{result.output[-6000:]}"
     assert result.returncode == 0, context  # the seed and kills first: a failed job's output is long
     assert "finished on 1 rank(s)" in result.output, context

@@ -53,6 +53,17 @@ AT_END, AFTER_END, ELSEWHERE = 0, 1, 2
 ADMIT_STEPS = "TNT_ELASTIC_ADMIT_STEPS"
 """Every this many steps of a fit (default 100; 0: never) replacements that wait are admitted there,
 not only at an epoch's start: a store look-up on rank 0 and one broadcast."""
+REDO = "TNT_ELASTIC_REDO"
+"""What an elastic fit redoes after a lost rank, where it can redo either: ``step`` or ``epoch``. The
+default is the step where the backend holds the update back (TensorFlow, torch: about 1% of a step);
+on JAX the epoch, since redoing the step means waiting for each step before the next is dispatched
+(13% of LeNet-5's epoch on 2 CPU ranks; docs/benchmarks.md)."""
+
+
+def redoes_by_default() -> bool:
+    """Whether, unless ``TNT_ELASTIC_REDO`` says otherwise, an elastic fit redoes lost steps: not
+    where steps are pure functions that would be waited for one by one (JAX)."""
+    return not backends.current().waits_for_redoable_steps
 
 
 def redoes_steps(tnt_model: keras.Model) -> bool:
@@ -61,6 +72,11 @@ def redoes_steps(tnt_model: keras.Model) -> bool:
     nothing reads the weights), one step per call, and a backend that holds the update back to the
     step's end. Asked before the fit's inputs are prepared: a ``tf.data`` pipeline is then handed
     over with its global batches whole (``backends.Backend.distribute``)."""
+    asked = os.environ.get(REDO, "").strip().lower()
+    if asked not in ("", "step", "epoch"):
+        raise ValueError(f"tnt: {REDO}={asked!r} is not understood; set it to step or epoch (or leave it unset)")
+    if asked == "epoch" or (not asked and not redoes_by_default()):
+        return False
     model = tnt_model.model
     defined_in = next(c for c in type(model).__mro__ if "train_step" in vars(c))
     return (

@@ -121,6 +121,11 @@ class Backend(Protocol):
         model's variables itself (``update_at_step_end`` holds its update back)."""
         ...
 
+    waits_for_redoable_steps: bool
+    """Whether redoing lost steps makes an elastic fit wait for each step before it dispatches the
+    next (JAX: ``pure_train_function``), which costs more than the backend's steps can spare: it
+    then redoes the epoch unless ``TNT_ELASTIC_REDO=step`` (``step_redo.py``)."""
+
     def predicted_outputs(self, returned: Any) -> Any:
         """The outputs of one batch in what Keras' predict function ``returned`` (Keras-JAX's also
         returns its state)."""

@@ -39,6 +39,7 @@ __all__ = [
     "synced_sum",
     "unshared_order",
     "update_at_step_end",
+    "waits_for_redoable_steps",
 ]
 
 summed_values = steps.summed_values
@@ -111,6 +112,10 @@ def jit_compile(asked: Any) -> Any:
     """Keras' own choice: every step is one XLA program (``auto``), the collectives ordered callbacks
     inside it; False runs the steps eagerly, the callbacks called as they come."""
     return asked
+
+
+# Each step is waited for where steps are redone (redo.py): by default an elastic fit redoes the epoch.
+waits_for_redoable_steps = True
 
 
 def update_at_step_end(model: keras.Model) -> bool:  # noqa: ARG001

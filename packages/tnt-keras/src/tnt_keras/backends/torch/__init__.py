@@ -34,6 +34,7 @@ __all__ = [
     "synced_sum",
     "unshared_order",
     "update_at_step_end",
+    "waits_for_redoable_steps",
 ]
 
 summed_values = steps.summed_values
@@ -59,6 +60,10 @@ def install_hooks(model: keras.Model, size: int) -> None:
 def predicted_outputs(returned: Any) -> Any:
     """Keras' predict function returns the outputs alone."""
     return returned
+
+
+# The held update costs about 1% of a step: an elastic fit redoes the step by default.
+waits_for_redoable_steps = False
 
 
 def pure_train_function(model: keras.Model) -> None:  # noqa: ARG001
