@@ -59,6 +59,16 @@ def local() -> Iterator[None]:
         _reducing.active = before
 
 
+@contextlib.contextmanager
+def _kept_by(sums: StepSums | TracedSums) -> Iterator[None]:
+    """Within the block, the sums of metric states go to ``sums.keep``."""
+    outer, _reducing.kept = _reducing.kept, sums
+    try:
+        yield
+    finally:
+        _reducing.kept = outer
+
+
 class StepSums:
     """The global metric states of the last train step that completed on this rank, for an elastic
     fit that redoes lost steps (``step_redo.py``): the lost rank's share is in them.
@@ -78,15 +88,10 @@ class StepSums:
                 copy = keras.Variable(keras.ops.zeros(v.shape, v.dtype), dtype=v.dtype, trainable=False)
                 self.copies[id(v)] = (v, copy)
 
-    @contextlib.contextmanager
-    def keeping(self) -> Iterator[None]:
+    def keeping(self) -> contextlib.AbstractContextManager[None]:
         """Within the block (a train step, run or traced), the sums of metric states are kept."""
-        outer, _reducing.kept = _reducing.kept, self
         self.covered = set()
-        try:
-            yield
-        finally:
-            _reducing.kept = outer
+        return _kept_by(self)
 
     def keep(self, variables: Sequence[Any], summed: Sequence[Any]) -> None:
         for v, value in zip(variables, summed, strict=True):
@@ -110,15 +115,10 @@ class TracedSums:
     def __init__(self) -> None:
         self.found: dict[int, Any] = {}  # id(metric variable) -> its global state, in the step
 
-    @contextlib.contextmanager
-    def keeping(self) -> Iterator[None]:
+    def keeping(self) -> contextlib.AbstractContextManager[None]:
         """Within the block (the step, traced or run), the sums of metric states are kept."""
-        outer, _reducing.kept = _reducing.kept, self
         self.found = {}
-        try:
-            yield
-        finally:
-            _reducing.kept = outer
+        return _kept_by(self)
 
     def keep(self, variables: Sequence[Any], summed: Sequence[Any]) -> None:
         self.found.update((id(v), value) for v, value in zip(variables, summed, strict=True))
