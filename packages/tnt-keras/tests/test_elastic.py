@@ -58,10 +58,12 @@ SCENARIOS = {
     "replacement": (["2@0:batch:2", "wait@2", "files"], [0, 1, 2, 3], "2:4"),
     # The same, joining in the middle of epoch 1: replacements are admitted every 6 steps.
     "replacement-mid-epoch": (["2@0:batch:2", "wait@1:2"], [0, 1, 2, 3], "2:4"),
-    # Five ranks. Member 1 is lost in a predict that a callback makes at the end of epoch 1, inside the fit,
-    # which redoes the epoch; member 4 in the fit's closing collective, which member 0 has passed (it is in
-    # the evaluate: it begins that again) and members 2 and 3 have not (they return from the fit); member 0
-    # in the evaluate's closing collective, with members 2 and 3 both in it (each returns from the evaluate).
+    # Five ranks. Member 1 is lost in a predict that a callback makes at the end of epoch 1, inside the fit:
+    # no survivor has finished it, and it is made again on the 4 ranks left in that epoch's end (on JAX,
+    # which redoes epochs unless told otherwise, the epoch is redone); member 4 in the fit's closing
+    # collective, which member 0 has passed (it is in the evaluate: it begins that again) and members 2 and
+    # 3 have not (they return from the fit); member 0 in the evaluate's closing collective, with members 2
+    # and 3 both in it (each returns from the evaluate).
     "between-calls": (["1@1:nested:1", "4@0:fit_end:1", "0@0:evaluate_end:0"], [2, 3], "2"),
     # A second fit of the model, whose lost step the first fit's step redo must not take for its own.
     "second-fit": (["first_fit=2", "1@2:metrics:1"], [0, 2, 3], "2"),
@@ -149,10 +151,12 @@ def test_an_elastic_fit_that_loses_ranks_equals_serial_training(backend: str, sc
         # Callbacks see each epoch end once, also one at whose end a rank was lost.
         assert report["ends"] == list(range(report["ends"][0], 4)), report["ends"]
         # A collective's result at each epoch's end, made or taken from a survivor that had it. In
-        # between-calls the rank lost in the predict of a later callback sends the job back to epoch 1's
-        # start after the callback making it had heard that end (docs/keras.md: list counting ones after).
+        # between-calls on JAX, which redoes epochs, the rank lost in the predict of a later callback sends
+        # the job back to epoch 1's start after the callback making it had heard that end (docs/keras.md:
+        # list counting ones after); where steps are redone, the predict is made again at that epoch's end.
         heard = [100 + e for e in report["ends"]]
-        assert report["end_results"] == (heard[:2] + heard[1:] if scenario == "between-calls" else heard), report
+        twice = scenario == "between-calls" and backend == "jax"
+        assert report["end_results"] == (heard[:2] + heard[1:] if twice else heard), report
         assert report["variables_error"] <= TOL * max(1.0, report["scale"]), report
         for key, values in report["serial_history"].items():
             got = report["history"][key]
@@ -203,7 +207,11 @@ def test_an_elastic_fit_that_loses_ranks_equals_serial_training(backend: str, sc
     if scenario == "between-calls":
         lines = result.output.splitlines()
         redone = [line for line in lines if "the job trains epoch" in line]
-        assert len(redone) == 4 and all("trains epoch 2 again" in line for line in redone), redone
+        finished = [line for line in lines if "the end of epoch 2 is finished on 4 rank(s)" in line]
+        if backend == "jax":  # the epoch redone (JAX's default), on each of the 4 survivors
+            assert len(redone) == 4 and all("trains epoch 2 again" in line for line in redone), redone
+        else:  # the callback's predict made again on the 4 ranks left, in that epoch's end
+            assert not redone and len(finished) == 4, (redone, finished)
         said = {what: [line for line in lines if what in line] for what in (
             "returns from the call every rank had finished", "begins its call again: the other ranks had not begun it")}
         returned, began = said.values()

@@ -6,14 +6,16 @@ There every survivor holds the same weights: the epoch is trained and validated.
 there together is a handful of small collectives, made in the same order on every rank: the
 agreement on a preemption signal, the averaged logs of your callbacks, the outcome of a checkpoint
 callback (made again on the ranks left, the callback put back as it was, where no survivor has it:
-``callbacks.Callback``), the admission of replacements at the next epoch's start. Each goes through
+``callbacks.Callback``), an ``evaluate`` or ``predict`` a callback makes (one entry with all its
+collectives: made again on the ranks left where no survivor finished it, ``model.py``), the
+admission of replacements at the next epoch's start. Each goes through
 ``collective`` and its result is written down (the ``Journal``). When one fails, the survivors
 re-form the job and compare how far each got (``step_redo.agree``). If every one is at this epoch's
 end, or already in the next epoch's first step, the one that got furthest hands its results on (one
 broadcast), those behind take them instead of making the collectives whose result is known, and the
 job goes on from the collective that failed, on the ranks left: every callback hears the epoch end
-once and nothing is trained twice. A survivor anywhere else (in validation, a ``predict`` of a
-callback) sends them all back to the epoch's start, as before (``elastic.py``).
+once and nothing is trained twice. A survivor anywhere else (in validation, in a train step not
+the next epoch's first) sends them all back to the epoch's start, as before (``elastic.py``).
 
 A result taken from another rank was computed with the lost rank's part: for the collectives here
 that is what they would have given anyway (the logs are global already; a preemption signal the
@@ -43,18 +45,25 @@ class Journal:
         self.epoch = 0  # the epoch whose end it is
         self.entries: list[Any] = []  # the results so far, in order
         self.known: list[Any] = []  # those of the rank that got furthest, taken where this one is behind
+        self.making = False  # inside ``make`` of an entry: its own collectives are part of it
 
     def open(self, epoch: int) -> None:
-        self.is_open, self.epoch, self.entries, self.known = True, epoch, [], []
+        self.is_open, self.epoch, self.entries, self.known, self.making = True, epoch, [], [], False
 
     def close(self) -> None:
         self.is_open, self.entries, self.known = False, [], []
 
     def collective(self, make: Callable[[], Any]) -> Any:
+        if self.making:  # a collective inside an entry (a callback's predict): the entry's to finish
+            return make()
         index = len(self.entries)
         while index >= len(self.known):
             try:
-                result = make()
+                self.making = True
+                try:
+                    result = make()
+                finally:
+                    self.making = False
                 break
             except _FAILURES as error:
                 self.take_from(self.recover(error))
@@ -95,8 +104,9 @@ def end() -> None:
 
 def journaling() -> bool:
     """Whether the collectives made now are written down (an elastic fit's epoch end): a rank must
-    make each, even where it is the last one left, so that the results taken stay in order."""
-    return active is not None and active.is_open
+    make each, even where it is the last one left, so that the results taken stay in order. Not
+    inside an entry being made: its collectives are part of that entry."""
+    return active is not None and active.is_open and not active.making
 
 
 def collective(make: Callable[[], Any]) -> Any:

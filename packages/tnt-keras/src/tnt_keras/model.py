@@ -28,6 +28,7 @@ from . import (
     call_boundary,
     configs,
     elastic,
+    epoch_end,
     files,
     metrics,
     outcome,
@@ -595,7 +596,10 @@ class Model(keras.Model):
             return run()
         with call_boundary.nested() as inside_another:
             if inside_another:  # part of the call around it, which recovers it
-                return run()
+                # At an elastic fit's epoch end (a callback's evaluate or predict): one entry of the
+                # epoch end's journal, made again on the ranks left where a rank is lost in it and no
+                # survivor finished it, instead of training the epoch again (epoch_end.py).
+                return epoch_end.collective(run)
             while True:
                 finished, done = None, False
                 try:
