@@ -5,12 +5,15 @@ recovery of a Keras fit under tnt-launch --elastic (from the death to the end of
 step of the re-formed job: re-forming, restoring the epoch's variables, tracing the step again);
 with --keras-steady BACKEND, a Keras fit's step time while nothing fails, with and without --elastic
 (LeNet-5 on numpy arrays, 2 ranks: the inputs an elastic fit redoes steps of; --steady-input tfdata:
-a tf.data pipeline of them; dataloader: a torch DataLoader of them); with --keras-calls
+a tf.data pipeline of them; dataloader: a torch DataLoader of them; --redo step|epoch: what the
+elastic fit redoes, TNT_ELASTIC_REDO; --steady-verbose 0|1|2: the fit's verbose, rank 0's progress
+bar, which on JAX makes Keras wait for each step's logs); with --keras-calls
 BACKEND, whole evaluate and predict calls with and without --elastic (each elastic call ends with a
 closing collective: tnt_keras/call_boundary.py).
 
     python benchmarks/elastic.py [--ranks 4] [--trials 5] [--keras torch tensorflow]
                                  [--keras-steady tensorflow torch] [--keras-calls torch]
+                                 [--keras-steady jax --redo step --steady-verbose 2]
                                  (nox -s bench_elastic)
 
 Each trial starts N ranks over shared memory (one host) or TCP (every rank a host of its own) with
@@ -212,17 +215,20 @@ elif sys.argv[2] == "dataloader":  # a DataLoader shuffled from a seeded generat
                                              generator=torch.Generator().manual_seed(3))}
 else:
     data = {"x": x, "y": y, "batch_size": 256}
-model.fit(**data, epochs=4, verbose=0, callbacks=[tnt.callbacks.Callback(clock, aggregate_logs=False)])
+model.fit(**data, epochs=4, verbose=int(sys.argv[3]), callbacks=[tnt.callbacks.Callback(clock, aggregate_logs=False)])
 if tnt_comm.rank() == 0:
     open(out, "w").write(json.dumps({"steps": clock.steps, "epochs": clock.epochs}))
 """
 
 
-def keras_steady_state(backend: str, elastic: bool, folder: Path, data: str = "arrays") -> dict[str, list[float]]:
+def keras_steady_state(
+    backend: str, elastic: bool, folder: Path, data: str = "arrays", redo: str = "", verbose: int = 0
+) -> dict[str, list[float]]:
     """Step times (begin to begin) and epoch times (begin to end, validation-free), epochs 2-4, of
     LeNet-5 on numpy arrays (or ``data`` "tfdata": a tf.data pipeline of them; "dataloader": a torch
-    DataLoader), 2 ranks, with or without --elastic."""
-    return json.loads(keras_job(STEADY, backend, two_ranks(elastic), folder, data).read_text())
+    DataLoader), 2 ranks, with or without --elastic (redoing ``redo``, where given), at ``verbose``."""
+    launcher = two_ranks(elastic) + (("-x", f"TNT_ELASTIC_REDO={redo}") if elastic and redo else ())
+    return json.loads(keras_job(STEADY, backend, launcher, folder, data, str(verbose)).read_text())
 
 
 CALLS = LENET.replace("SAMPLES", "512") + r"""
@@ -261,6 +267,11 @@ def main() -> None:
     parser.add_argument("--steady-input", choices=("arrays", "tfdata", "dataloader"), default="arrays",
                         help="what --keras-steady trains on: numpy arrays, a tf.data pipeline of them that "
                              "reshuffles every epoch, or a torch DataLoader of them that shuffles (torch)")
+    parser.add_argument("--redo", choices=("step", "epoch"), default=None,
+                        help="what --keras-steady's elastic fit redoes after a loss (TNT_ELASTIC_REDO; "
+                             "default: the backend's own, the epoch on JAX, the step elsewhere)")
+    parser.add_argument("--steady-verbose", type=int, choices=(0, 1, 2), default=0,
+                        help="--keras-steady's verbose (rank 0's progress bar; default 0)")
     parser.add_argument("--keras-calls", nargs="*", default=[], metavar="BACKEND",
                         help="also time whole evaluate and predict calls (LeNet-5, 2 global batches, 2 ranks), "
                              "with and without --elastic, on these backends")
@@ -274,7 +285,8 @@ def main() -> None:
             pairs: list[float] = []  # each pair of neighbouring passes: with over without, per-pass medians
             epochs: dict[bool, list[float]] = {False: [], True: []}
             for trial in range(args.trials):
-                runs = {flag: keras_steady_state(backend, flag, folder, args.steady_input) for flag in abba(trial)}
+                runs = {flag: keras_steady_state(backend, flag, folder, args.steady_input, args.redo or "",
+                                                 args.steady_verbose) for flag in abba(trial)}
                 without, with_elastic = runs[False]["steps"], runs[True]["steps"]
                 plain += without
                 elastic += with_elastic
@@ -286,7 +298,8 @@ def main() -> None:
             # waits for each): its step times are the times between dispatches; its epochs are whole.
             caveat = "; JAX: the times between dispatches, not the steps" if backend == "jax" else ""
             quartiles = statistics.quantiles(pairs, n=4) if len(pairs) > 1 else pairs * 3
-            print(f"Keras fit on {backend}, LeNet-5 on {args.steady_input}, 2 ranks: {p:.2f} ms per step without "
+            how = f", verbose={args.steady_verbose}" + (f", TNT_ELASTIC_REDO={args.redo}" if args.redo else "")
+            print(f"Keras fit on {backend}, LeNet-5 on {args.steady_input}, 2 ranks{how}: {p:.2f} ms per step without "
                   f"--elastic, "
                   f"{e:.2f} ms with --elastic 1 ({(e / p - 1) * 100:+.1f}%; medians of {len(plain)} and "
                   f"{len(elastic)} steps over {args.trials} alternating passes{caveat}); pass by pass: median "
