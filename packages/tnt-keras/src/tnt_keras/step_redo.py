@@ -57,7 +57,8 @@ REDO = "TNT_ELASTIC_REDO"
 """What an elastic fit redoes after a lost rank, where it can redo either: ``step`` or ``epoch``. The
 default is the step where the backend holds the update back (TensorFlow, torch: about 1% of a step);
 on JAX the epoch, since redoing the step means waiting for each step before the next is dispatched
-(13% of LeNet-5's epoch on 2 CPU ranks; docs/benchmarks.md)."""
+(1-13% of LeNet-5's epoch on 2 CPU ranks, by the machine; docs/benchmarks.md) and holding the
+state twice while a step runs."""
 
 
 def redoes_by_default() -> bool:
