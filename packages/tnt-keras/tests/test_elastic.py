@@ -67,6 +67,11 @@ SCENARIOS = {
     "between-calls": (["1@1:nested:1", "4@0:fit_end:1", "0@0:evaluate_end:0"], [2, 3], "2"),
     # A second fit of the model, whose lost step the first fit's step redo must not take for its own.
     "second-fit": (["first_fit=2", "1@2:metrics:1"], [0, 2, 3], "2"),
+    # JAX, redoing steps: rank 1, answering the last sum of a step (its metric states) for rank 0 alone,
+    # is lost before it answers ranks 2 and 3. Rank 0 has finished the step and fails in the next one;
+    # the others take the finished step's state from it (weights, optimizer and metric states, the
+    # SyncBatchNormalization's moving statistics), and rank 0's next step runs again on the 3 ranks left.
+    "healed": (["model=syncbn", "1@1:healed:2"], [0, 2, 3], "2"),
     # Inputs other than arrays: a PyDataset, in a second fit, whose lost step is redone; and a DataLoader
     # that shuffles from its generator. Its worker had read the next two batches for 4 ranks when rank 2
     # is lost in a step (dealt again for 3: without that, 0.016 away from serial Keras in a job of that
@@ -102,12 +107,14 @@ SCENARIOS = {
 INPUTS = {("tensorflow", "rank-0-epoch-end"): ("data=tfdata",), ("jax", "replacement-mid-epoch"): ("data=pydataset",)}
 EVERY_RANK_SAYS = ("--log-on-all-devices", "--output-on-all-devices")  # which call each survivor goes on with
 EXTRA = {"replacement-mid-epoch": ("-x", "TNT_ELASTIC_ADMIT_STEPS=6"), "between-calls": EVERY_RANK_SAYS,
+         "healed": EVERY_RANK_SAYS,
          "dataloader": ("--max-restarts", "1")}
 RANKS = {"between-calls": 5, "dataloader-one-left": 2}  # the others start 4
 # JAX redoes the epoch unless told to redo the step (step_redo.REDO: each step is then waited for).
 REDO_STEPS = ("-x", "TNT_ELASTIC_REDO=step")
-BACKEND_EXTRA = {("jax", "replacement-mid-epoch"): REDO_STEPS}
-CASES = [("torch", name) for name in SCENARIOS if name != "second-fit"] + [
+BACKEND_EXTRA = {("jax", "replacement-mid-epoch"): REDO_STEPS, ("jax", "healed"): REDO_STEPS}
+JAX_ONLY = ("healed",)  # a step's sums scripted through the Python callbacks of Keras-JAX's compiled step
+CASES = [("torch", name) for name in SCENARIOS if name not in ("second-fit", *JAX_ONLY)] + [
     ("tensorflow", "after-gradient-sum"),  # the lost step redone, in a traced step
     ("tensorflow", "rank-0-epoch-end"),  # on a tf.data pipeline
     ("tensorflow", "replacement-mid-epoch"),
@@ -118,6 +125,7 @@ CASES = [("torch", name) for name in SCENARIOS if name != "second-fit"] + [
     # states handed on), on a PyDataset, with TNT_ELASTIC_REDO=step: the costliest backend once.
     ("jax", "replacement-mid-epoch"),
     ("jax", "between-calls"),  # the closing collectives after steps Keras-JAX dispatched asynchronously; epochs redone
+    ("jax", "healed"),  # a step one survivor finished and two did not, its state taken from that one
 ]
 
 
@@ -172,7 +180,7 @@ def test_an_elastic_fit_that_loses_ranks_equals_serial_training(backend: str, sc
             assert (wait, epoch) == (serial_wait, serial_epoch) and close(best, serial_best), report
         assert report["predict_error"] <= TOL * max(1.0, report["predict_scale"]), report
     redone_steps = ("step", "after-gradient-sum", "stopped", "second-fit", "pydataset", "dataloader", "tfdata-step",
-                    "pydataset-reordered")
+                    "pydataset-reordered", "healed")
     if scenario in redone_steps:
         assert "runs again on 3 rank(s)" in result.output, result.output
         assert ("trains epoch" in result.output) == (scenario == "dataloader"), result.output
@@ -224,6 +232,11 @@ def test_an_elastic_fit_that_loses_ranks_equals_serial_training(backend: str, sc
     if scenario == "dataloader":  # rank 4 joined at epoch 2 (the third), which is then redone on 3 ranks
         assert "the job trains epoch 3 again" in result.output and "joined: rank 4" in result.output, result.output
         assert members == [0, 1, 4] and [r["epochs"] for r in reports if r["member"] == 4] == [[2, 3]], reports
+    if scenario == "healed":  # 4 steps an epoch: step 7 is epoch 1's third (1-based)
+        lines = result.output.splitlines()
+        taken = [line for line in lines if "step 7 of this fit was finished by a survivor; taken from it" in line]
+        again = [line for line in lines if "step 8 of this fit runs again on 3 rank(s)" in line]
+        assert len(taken) == 2 and len(again) == 1, (taken, again, result.output[-4000:])
     if scenario == "replacement-mid-epoch":
         assert "from epoch 2, step 3 on" in result.output, result.output[-4000:]
     if scenario == "own-sampler":
