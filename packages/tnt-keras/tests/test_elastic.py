@@ -1,15 +1,16 @@
-"""Elastic fits (tnt-launch --elastic): ranks are killed (SIGKILL) inside a real job, before a
-training step, inside one between its gradient sum and its metric sum, at random points of steps,
-at an epoch's end, during the validation of an epoch, during a later evaluate and predict and in
-the closing collectives between those calls, rank 0 and two ranks at once among them, in a second
-fit of the model too, and on a PyDataset, a DataLoader and tf.data pipelines (one reshuffling every
-epoch) as well as arrays; the survivors re-form the job, redo the step (on JAX too), finish
-an epoch's end (taking a collective's result from the survivor that had it), redo the epoch or the
-call, or return from a call every rank had finished, and end with what serial Keras ends with on
-the same global batches: weights and optimizer state, every epoch's logs in History, and the
-evaluate's results; where rank 0 writes a CSV log, the best epoch's model and a backup, the files
-serial Keras writes, also where rank 0 is lost or a replacement joins. Fewer ranks left than
---elastic asks for end the job as a lost rank does without it."""
+"""Elastic fits (tnt-launch --elastic): ranks are killed (SIGKILL) inside a real job, before a training
+step, inside one between its gradient sum and its metric sum, at random points of steps, at an
+epoch's end, during the validation of an epoch, during a later evaluate and predict and in the
+closing collectives between those calls, rank 0 and two ranks at once among them, in a second fit of
+the model too, and on a PyDataset, a DataLoader and tf.data pipelines (one reshuffling every epoch)
+as well as arrays; the survivors re-form the job, redo the step (on JAX too) or take it from a
+survivor that finished it (on JAX, whose step sums the test scripts), finish an epoch's end (taking
+a collective's result from the survivor that had it), redo the epoch or the call, or return from a
+call every rank had finished, and end with what serial Keras ends with on the same global batches:
+weights and optimizer state, every epoch's logs in History, and the evaluate's results; where rank 0
+writes a CSV log, the best epoch's model and a backup, the files serial Keras writes, also where
+rank 0 is lost or a replacement joins. Fewer ranks left than --elastic asks for end the job as a
+lost rank does without it."""
 
 import os
 import random
