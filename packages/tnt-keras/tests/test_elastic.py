@@ -68,11 +68,13 @@ SCENARIOS = {
     "between-calls": (["1@1:nested:1", "4@0:fit_end:1", "0@0:evaluate_end:0"], [2, 3], "2"),
     # A second fit of the model, whose lost step the first fit's step redo must not take for its own.
     "second-fit": (["first_fit=2", "1@2:metrics:1"], [0, 2, 3], "2"),
-    # JAX, redoing steps: rank 1, answering the last sum of a step (its metric states) for rank 0 alone,
+    # Rank 1, answering the last sum of a step (its metric states) for rank 0 alone,
     # is lost before it answers ranks 2 and 3. Rank 0 has finished the step and fails in the next one;
     # the others take the finished step's state from it (weights, optimizer and metric states, the
     # SyncBatchNormalization's moving statistics), and rank 0's next step runs again on the 3 ranks left.
-    "healed": (["model=syncbn", "1@1:healed:2"], [0, 2, 3], "2"),
+    # On JAX (with TNT_ELASTIC_REDO=step) of a model with a SyncBatchNormalization, whose steps sum through
+    # Python callbacks the test can script; on torch of the dense model.
+    "healed": (["1@1:healed:2"], [0, 2, 3], "2"),
     # Inputs other than arrays: a PyDataset, in a second fit, whose lost step is redone; and a DataLoader
     # that shuffles from its generator. Its worker had read the next two batches for 4 ranks when rank 2
     # is lost in a step (dealt again for 3: without that, 0.016 away from serial Keras in a job of that
@@ -105,7 +107,8 @@ SCENARIOS = {
 }
 # Where a case trains on another input than arrays, beside what its scenario tests; JAX calls a
 # metric's update only while it traces the step, so its PyDataset case is one with a kill before a step.
-INPUTS = {("tensorflow", "rank-0-epoch-end"): ("data=tfdata",), ("jax", "replacement-mid-epoch"): ("data=pydataset",)}
+INPUTS = {("tensorflow", "rank-0-epoch-end"): ("data=tfdata",), ("jax", "replacement-mid-epoch"): ("data=pydataset",),
+          ("jax", "healed"): ("model=syncbn",)}
 EVERY_RANK_SAYS = ("--log-on-all-devices", "--output-on-all-devices")  # which call each survivor goes on with
 EXTRA = {"replacement-mid-epoch": ("-x", "TNT_ELASTIC_ADMIT_STEPS=6"), "between-calls": EVERY_RANK_SAYS,
          "healed": EVERY_RANK_SAYS,
@@ -114,8 +117,7 @@ RANKS = {"between-calls": 5, "dataloader-one-left": 2}  # the others start 4
 # JAX redoes the epoch unless told to redo the step (step_redo.REDO: each step is then waited for).
 REDO_STEPS = ("-x", "TNT_ELASTIC_REDO=step")
 BACKEND_EXTRA = {("jax", "replacement-mid-epoch"): REDO_STEPS, ("jax", "healed"): REDO_STEPS}
-JAX_ONLY = ("healed",)  # a step's sums scripted through the Python callbacks of Keras-JAX's compiled step
-CASES = [("torch", name) for name in SCENARIOS if name not in ("second-fit", *JAX_ONLY)] + [
+CASES = [("torch", name) for name in SCENARIOS if name != "second-fit"] + [
     ("tensorflow", "after-gradient-sum"),  # the lost step redone, in a traced step
     ("tensorflow", "rank-0-epoch-end"),  # on a tf.data pipeline
     ("tensorflow", "replacement-mid-epoch"),

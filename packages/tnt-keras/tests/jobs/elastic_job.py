@@ -17,9 +17,9 @@ every rank's part, answers the first BATCH other ranks, which go on to the next 
 before it answers the rest, which fail in it; in whatever generation it then is), "end_exchange" (the
 same, in a collective of epoch EPOCH's end that a callback makes through tnt's epoch-end journal: the
 ranks answered go on to the next one, the others take its result from them; in the kill's
-GENERATION), "healed" (JAX with "model=syncbn": in training batch BATCH of epoch EPOCH, the step's
-last sum, which member MEMBER answers for the first other rank only before it is killed: that rank
-finishes the step, the others take it from that one: ScriptedLastSum); or MEMBER@step:K:F, killed
+GENERATION), "healed" (torch, or JAX with "model=syncbn": in training batch BATCH of epoch EPOCH,
+the step's last sum, which member MEMBER answers for the first other rank only before it is killed:
+that rank finishes the step, the others take it from that one: ScriptedLastSum); or MEMBER@step:K:F, killed
 F times the length of its last step after its K-th training batch began (redone ones counted too),
 wherever it is then. "epochs=N" trains N epochs (default 4); "first_fit=E" trains them in two
 fits, the first to epoch E, the second on from there (the History reported is the second's, which
@@ -294,63 +294,93 @@ model = tnt.Model(build())
 
 
 class ScriptedLastSum:
-    """With a "healed" kill (JAX, "model=syncbn": every sum of such a step goes through tnt's Python
-    callback, which the job can script): the step's last sum, of its metric states, in the training
-    batch the kill names, as sends and receives. The member named takes every rank's part, answers
-    the first other rank with the sum (which finishes the step and goes on into the next) and is
-    killed before it answers the rest, which fail in it. Every other sum is the real one."""
+    """With a "healed" kill: the step's last sum, of its metric states, in the training batch the
+    kill names, as sends and receives. The member named takes every rank's part, answers the first
+    other rank with the sum (which finishes the step and goes on into the next) and is killed before
+    it answers the rest, which fail in it. Every other sum is the real one. On torch that sum is the
+    metric states' (``summed_values``), made eagerly; on JAX with "model=syncbn" every sum of a step
+    goes through tnt's Python callback (not XLA's handler), the metric states' last."""
 
     def __init__(self) -> None:
-        from tnt_keras.backends.jax import collectives
-
-        self.collectives, self.real = collectives, collectives._sum_on_host
         self.made = 0  # the sums made since the training batch began
-        self.per_step: int | None = None  # how many a step makes: counted in the fit's first step
-        collectives._sum_on_host = self  # before any step is traced: the callbacks call it by name
+        self.per_step: int | None = None  # how many a step makes (JAX): counted in the fit's first step
+        if keras.backend.backend() == "jax":
+            from tnt_keras.backends.jax import collectives
+
+            self.real = collectives._sum_on_host
+            collectives._sum_on_host = self._on_host  # before any step is traced: the callbacks call it by name
+        else:
+            from tnt_keras.backends import torch as backend
+
+            self.real, self.per_step = backend.summed_values, 1  # the step's first: its metric states'
+            backend.summed_values = self._metric_states
 
     def batch_begins(self) -> None:
         if self.per_step is None and killer.began == 1:  # the sums of the fit's first step, nothing else
             self.per_step = self.made
         self.made = 0
 
-    def __call__(self, threshold, rows, *arrays):
+    def _victim(self) -> int | None:
+        """The rank that answers this sum, where it is the one a kill names."""
         self.made += 1
         generation, members = tnt_comm.membership()
         named = [who for kill in kills for who, epoch, at, batch in [kill]
                  if at == "healed" and (epoch, batch) == (killer.epoch, killer.batch) and killer.training
                  and generation == in_generation.get(kill, 0) and who in members and self.made == self.per_step]
-        if not named:
+        return members.index(named[0]) if named else None
+
+    def _on_host(self, threshold, rows, *arrays):
+        victim = self._victim()
+        if victim is None:
             return self.real(threshold, rows, *arrays)
+        from tnt_keras.backends.jax import collectives
+
         try:
-            return self._answered_by(members.index(named[0]), [np.asarray(a) for a in arrays])
+            return self._split(self._answered_by(victim, [np.asarray(a) for a in arrays]), arrays)
         except tnt_comm.TntError as error:  # as the real one keeps it, for tnt to raise as tnt-comm's
             found = tnt_comm.error_data(error)
             if isinstance(found, dict):
-                self.collectives._failure.keep(found)
+                collectives._failure.keep(found)
             raise
 
-    def _answered_by(self, victim: int, host: list) -> list:
-        flat = np.concatenate([a.reshape(-1) for a in host]).astype(np.float32)
+    def _metric_states(self, variables):
+        victim = self._victim()
+        if victim is None:
+            return self.real(variables)
+        from tnt_keras.backends.torch import steps
+
+        values = [v.detach().to("cpu").numpy() for v in steps.contributed(variables)]
+        sums = self._split(self._answered_by(victim, values), values)
+        return [keras.ops.convert_to_tensor(total).to(v.value.device) for total, v in zip(sums, variables, strict=True)]
+
+    @staticmethod
+    def _split(total, like):
+        sums, offset = [], 0
+        for a in like:
+            size = int(np.prod(np.shape(a)))
+            sums.append(total[offset:offset + size].reshape(np.shape(a)).astype(a.dtype))
+            offset += size
+        return sums
+
+    @staticmethod
+    def _answered_by(victim: int, host: list):
+        assert all(a.dtype == np.float32 for a in host), [a.dtype for a in host]
+        flat = np.concatenate([a.reshape(-1) for a in host])
         others = [r for r in range(tnt_comm.size()) if r != victim]
         total, ack = np.empty_like(flat), np.zeros(1, np.int64)
         if tnt_comm.rank() != victim:
             tnt_comm.send(flat, victim)
             tnt_comm.recv(total, victim)  # the ranks not answered fail here
             tnt_comm.send(ack, victim)  # received: the victim may die
-        else:
-            parts = {tnt_comm.rank(): flat}
-            for r in others:
-                parts[r] = np.empty_like(flat)
-                tnt_comm.recv(parts[r], r)
-            total = np.sum([parts[r] for r in range(tnt_comm.size())], axis=0, dtype=np.float32)
-            tnt_comm.send(total, others[0])
-            tnt_comm.recv(ack, others[0])
-            os.kill(os.getpid(), signal.SIGKILL)
-        sums, offset = [], 0
-        for a in host:
-            sums.append(total[offset:offset + a.size].reshape(a.shape).astype(a.dtype))
-            offset += a.size
-        return sums
+            return total
+        parts = {tnt_comm.rank(): flat}
+        for r in others:
+            parts[r] = np.empty_like(flat)
+            tnt_comm.recv(parts[r], r)
+        total = np.sum([parts[r] for r in range(tnt_comm.size())], axis=0, dtype=np.float32)
+        tnt_comm.send(total, others[0])
+        tnt_comm.recv(ack, others[0])
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 scripted_sum = ScriptedLastSum() if any(at == "healed" for _, _, at, _ in kills) else None
