@@ -75,6 +75,12 @@ SCENARIOS = {
     # On JAX (with TNT_ELASTIC_REDO=step) of a model with a SyncBatchNormalization, whose steps sum through
     # Python callbacks the test can script; on torch of the dense model.
     "healed": (["1@1:healed:2"], [0, 2, 3], "2"),
+    # Epochs of steps_per_epoch=2 over the 4 batches, which read on through the data from epoch to epoch (on
+    # TensorFlow, of a tf.data pipeline that repeats for ever): rank 2 is lost in epoch 1's validation, and the
+    # epoch trained again reads batches 2 and 3, as it did (on the code before, it read batches 0 and 1: 0.04
+    # away from serial Keras on torch, 0.02 on TensorFlow, silently); then rank 1 in a step of epoch 2
+    # (generation 1), which is redone on the 2 ranks left.
+    "short-epochs": (["steps_per_epoch=2", "2@1:validation:0", "1@2:batch:1:1"], [0, 3], "2"),
     # Inputs other than arrays: a PyDataset, in a second fit, whose lost step is redone; and a DataLoader
     # that shuffles from its generator. Its worker had read the next two batches for 4 ranks when rank 2
     # is lost in a step (dealt again for 3: without that, 0.016 away from serial Keras in a job of that
@@ -108,7 +114,7 @@ SCENARIOS = {
 # Where a case trains on another input than arrays, beside what its scenario tests; JAX calls a
 # metric's update only while it traces the step, so its PyDataset case is one with a kill before a step.
 INPUTS = {("tensorflow", "rank-0-epoch-end"): ("data=tfdata",), ("jax", "replacement-mid-epoch"): ("data=pydataset",),
-          ("jax", "healed"): ("model=syncbn",)}
+          ("jax", "healed"): ("model=syncbn",), ("tensorflow", "short-epochs"): ("data=tfdata-repeated",)}
 EVERY_RANK_SAYS = ("--log-on-all-devices", "--output-on-all-devices")  # which call each survivor goes on with
 EXTRA = {"replacement-mid-epoch": ("-x", "TNT_ELASTIC_ADMIT_STEPS=6"), "between-calls": EVERY_RANK_SAYS,
          "healed": EVERY_RANK_SAYS,
@@ -124,6 +130,7 @@ CASES = [("torch", name) for name in SCENARIOS if name != "second-fit"] + [
     ("tensorflow", "between-calls"),  # the calls' boundaries, with the closing collectives after traced steps
     ("tensorflow", "second-fit"),  # the traced train function the first fit wrapped, wrapped once again
     ("tensorflow", "tfdata-step"),
+    ("tensorflow", "short-epochs"),  # on a tf.data pipeline that repeats for ever: past the epochs before
     # A lost step redone and a replacement that joins mid-epoch (the steps done passed over, the metric
     # states handed on), on a PyDataset, with TNT_ELASTIC_REDO=step: the costliest backend once.
     ("jax", "replacement-mid-epoch"),
@@ -235,6 +242,9 @@ def test_an_elastic_fit_that_loses_ranks_equals_serial_training(backend: str, sc
     if scenario == "dataloader":  # rank 4 joined at epoch 2 (the third), which is then redone on 3 ranks
         assert "the job trains epoch 3 again" in result.output and "joined: rank 4" in result.output, result.output
         assert members == [0, 1, 4] and [r["epochs"] for r in reports if r["member"] == 4] == [[2, 3]], reports
+    if scenario == "short-epochs":  # the epoch trained again, then a step redone; no warning of other batches
+        assert "the job trains epoch 2 again" in result.output and "runs again on 2 rank(s)" in result.output
+        assert "reads on through" not in result.output, result.output[-4000:]
     if scenario == "healed":  # 4 steps an epoch: step 7 is epoch 1's third (1-based)
         lines = result.output.splitlines()
         taken = [line for line in lines if "step 7 of this fit was finished by a survivor; taken from it" in line]

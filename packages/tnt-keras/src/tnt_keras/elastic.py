@@ -24,7 +24,7 @@ import numpy as np
 import tnt_comm
 from tnt_comm import contract
 
-from . import call_boundary, epoch_end, state, timeline
+from . import call_boundary, epoch_end, short_epochs, state, timeline
 from . import variables as shared_variables
 from .runtime import logger
 
@@ -64,6 +64,7 @@ def why_no_replacements(backend: Any, ds: Any) -> str | None:
     fit's one warning: they could not read the order the others read, as ``ds`` changes its order
     from state tnt cannot set back (``reshuffles``) or cannot hand a new rank (``unshared_order``);
     else None."""
+    ds = short_epochs.inner(ds)  # the slices behind epochs made whole
     unshared = backend.unshared_order(ds)
     if unshared is not None:
         return f"in this elastic fit {unshared}."
@@ -104,6 +105,8 @@ class EpochStart(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
         self.epoch = epoch
+        if isinstance(self.inputs, short_epochs.EpochsOf):  # its epochs read on through the data
+            self.inputs.begins(epoch)
         resume, self.resume = self.resume, (-1, 0)
         if self.order is not None:  # before Keras reads the epoch's first batch
             self.set_order_state(self.inputs, self.order)

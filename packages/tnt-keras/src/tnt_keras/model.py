@@ -35,6 +35,7 @@ from . import (
     predictions,
     preemption,
     runtime,
+    short_epochs,
     state,
     step_redo,
     sync_batch_norm,
@@ -408,11 +409,12 @@ class Model(keras.Model):
                 (x, y, sample_weight), validation_split=validation_split
             )
 
-        def datasets(whole_batches: bool = False) -> tuple[Any, Any]:
+        def datasets(whole_batches: bool = False, epochs_before: int = 0) -> tuple[Any, Any]:
             """This rank's slices of the training and validation data, for the ranks there are now
-            (``whole_batches``: a fit whose steps are redone, ``_dataset``)."""
+            (``whole_batches``: a fit whose steps are redone, ``_dataset``), for an attempt of an
+            elastic fit that begins ``epochs_before`` epochs after the fit's first (short_epochs.py)."""
             ds = self._dataset(
-                x,
+                short_epochs.skipped(x, steps_per_epoch, epochs_before),
                 y,
                 sample_weight,
                 batch_size,
@@ -438,7 +440,10 @@ class Model(keras.Model):
                 whole_batches=whole_batches,
             )
 
-        def run(ds: Any, val_ds: Any, first_epoch: int, resuming: bool, after: list[Any], joined: bool = False) -> Any:
+        def run(
+            ds: Any, val_ds: Any, first_epoch: int, resuming: bool, after: list[Any], joined: bool = False,
+            steps: int | None = steps_per_epoch,
+        ) -> Any:
             self._prepare_variables(ds)
             with self._backend.explain_errors("fit"):
                 history = self._model.fit(
@@ -455,7 +460,7 @@ class Model(keras.Model):
                     validation_data=val_ds,
                     class_weight=class_weight,
                     initial_epoch=first_epoch,
-                    steps_per_epoch=steps_per_epoch,
+                    steps_per_epoch=steps,
                     validation_steps=validation_steps,
                     validation_freq=validation_freq,
                     shuffle=False,  # the dataset is already in the order every rank agrees on
@@ -470,13 +475,13 @@ class Model(keras.Model):
                 return run(*datasets(), initial_epoch, False, [])
             while True:
                 try:
-                    return self._fit_elastically(datasets, run, initial_epoch, class_weight, steps_per_epoch)
+                    return self._fit_elastically(datasets, run, initial_epoch, class_weight, steps_per_epoch, x)
                 except call_boundary.Ahead:
                     continue  # the others had not begun this fit when the job re-formed: it begins again
 
     def _fit_elastically(
-        self, datasets: Callable[[], Any], run: Callable[..., Any], initial_epoch: int, class_weight: Any,
-        steps_per_epoch: int | None,
+        self, datasets: Callable[..., Any], run: Callable[..., Any], initial_epoch: int, class_weight: Any,
+        steps_per_epoch: int | None, x: Any,
     ) -> Any:
         """``fit`` in an elastic job: after a lost rank the survivors re-form the job and redo the
         step it was lost in (step_redo.py), or where they cannot, the epoch, from the variables that
@@ -490,10 +495,17 @@ class Model(keras.Model):
         resuming = False
         while True:
             whole = step_redo.redoes_steps(self)
-            ds, val_ds = datasets(whole)
-            redo = step_redo.attach(self, ds, val_ds, class_weight, epoch_start, resume, steps_per_epoch)
+            ds, val_ds = datasets(whole, first - initial_epoch)
+            # Epochs of steps_per_epoch that read on through the data, made whole where they can be,
+            # so that an epoch begun again reads the batches it read (short_epochs.py).
+            ds = short_epochs.whole(ds, steps_per_epoch, initial_epoch)
+            steps = None if isinstance(ds, short_epochs.EpochsOf) else steps_per_epoch
+            redo = step_redo.attach(self, ds, val_ds, class_weight, epoch_start, resume, steps)
             if redo is None and whole:  # the steps are not redone: every pipeline is sliced as it is read
-                ds, val_ds = datasets()
+                ds, val_ds = datasets(False, first - initial_epoch)
+                ds = short_epochs.whole(ds, steps_per_epoch, initial_epoch)
+            if not resuming and (unlike := short_epochs.why_not(x, ds, steps_per_epoch)):
+                logger.warning(unlike)
             epoch_start.inputs = ds
             joined = grew
             if grew:  # replacements joined: every rank reads the epoch in the order rank 0 began it with
@@ -510,7 +522,7 @@ class Model(keras.Model):
             resume = step_redo.Resume()
             finished = None
             try:
-                finished = run(ds, val_ds, first, resuming, [epoch_start], joined)
+                finished = run(ds, val_ds, first, resuming, [epoch_start], joined, steps)
                 call_boundary.close()
                 return done.into(finished)
             except (elastic.Reformed, *elastic.FAILURES) as e:

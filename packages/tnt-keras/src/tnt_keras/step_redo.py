@@ -166,7 +166,8 @@ class StepRedo:
         self.counted_in: int | None = None  # the epoch whose batches ``drawn`` counts, where Keras hands them over
         self.dealt_here = False  # the job re-formed this epoch: the iterator's next batches are dealt for the old one
         # Keras goes on with one iterator across epochs (steps_per_epoch shorter than the data), whose
-        # pipeline may have read a batch ahead in the order of the epoch before: not dealt again.
+        # pipeline may have read a batch ahead in the order of the epoch before: not dealt again (but a
+        # pipeline whose batches come whole is cut as each step draws its batch: its steps are redone).
         self.spans_epochs = False
         # A pipeline handed over with its global batches whole: each step slices the batch it draws.
         self.slicer = backends.current().drawn_slicer(ds)
@@ -377,7 +378,7 @@ class StepRedo:
         for variable, value in zip(self.small, before, strict=True):
             variable.assign(value)
         self._follow(error, "agrees on what to redo")
-        known = (self.sums is not None or not self.metric_variables) and not self.spans_epochs
+        known = (self.sums is not None or not self.metric_variables) and not (self.spans_epochs and self.slicer is None)
         after_end = self.journal is not None and self.journal.is_open
         how = agree(True, known, self.done, AFTER_END if after_end else ELSEWHERE,
                     len(self.journal.entries) if self.journal is not None else 0)

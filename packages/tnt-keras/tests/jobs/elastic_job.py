@@ -56,7 +56,7 @@ import tnt_keras as tnt
 from _job import report
 from tnt_keras import call_boundary
 
-EPOCHS, BATCH, FIRST_FIT, DATA, MODEL, WEIGHTS = 4, 24, 0, "arrays", "dense", None
+EPOCHS, BATCH, FIRST_FIT, DATA, MODEL, WEIGHTS, STEPS = 4, 24, 0, "arrays", "dense", None, None
 FILES = "files" in sys.argv[1:]
 for arg in sys.argv[1:]:
     if arg.startswith("epochs="):
@@ -67,6 +67,8 @@ for arg in sys.argv[1:]:
         DATA = arg.split("=")[1]
     if arg.startswith("model="):
         MODEL = arg.split("=")[1]
+    if arg.startswith("steps_per_epoch="):
+        STEPS = int(arg.split("=")[1])
     if arg == "class_weight":
         WEIGHTS = {0: 1.0, 1: 3.0}
 x = np.random.RandomState(0).rand(96, 8).astype("float32")
@@ -432,6 +434,10 @@ def training_data() -> dict:
         import tensorflow as tf
 
         return {"x": tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH), **validation}
+    if DATA == "tfdata-repeated":
+        import tensorflow as tf
+
+        return {"x": tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH).repeat(), **validation}
     if DATA == "pydataset":
         return {"x": Batches(), **validation}
     if DATA == "pydataset-reordered":
@@ -522,6 +528,7 @@ FOLDER = os.path.join(os.environ["TNT_TEST_OUT"], "files")  # one for the job: i
 JOB_FILES = file_callbacks(FOLDER, WatchedCheckpoint) if FILES else []
 for first, last in ([(0, FIRST_FIT)] if FIRST_FIT else []) + [(FIRST_FIT, EPOCHS)]:
     history = model.fit(**training_data(), epochs=last, initial_epoch=first, shuffle=False, verbose=2 if FILES else 0,
+                        steps_per_epoch=STEPS,
                         class_weight=WEIGHTS,
                         callbacks=[*JOB_FILES,
                                    tnt.callbacks.Callback(end_exchange, aggregate_logs=False),
@@ -543,7 +550,10 @@ if DATA in LOADERS:
     serial_data = {"x": LOADERS[DATA](), "validation_data": (x_val, y_val)}
 SERIAL_FOLDER = os.path.join(os.environ["TNT_TEST_OUT"], f"serial-files-{member}")
 SERIAL_FILES = file_callbacks(SERIAL_FOLDER) if FILES else []
+if DATA == "tfdata-repeated":
+    serial_data = training_data()
 serial_history = serial.fit(**serial_data, epochs=EPOCHS, shuffle=False, verbose=0, class_weight=WEIGHTS,
+                            steps_per_epoch=STEPS,
                             callbacks=SERIAL_FILES)
 serial_evaluated = serial.evaluate(x_val, y_val, batch_size=BATCH, verbose=0, return_dict=True)
 serial_predicted = serial.predict(x_val, batch_size=BATCH, verbose=0)
