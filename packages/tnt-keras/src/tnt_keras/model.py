@@ -493,17 +493,20 @@ class Model(keras.Model):
         first, step, grew = elastic.joined_at(initial_epoch)
         resume = step_redo.Resume(step)
         resuming = False
-        while True:
-            whole = step_redo.redoes_steps(self)
-            ds, val_ds = datasets(whole, first - initial_epoch)
+
+        def inputs(whole_batches: bool) -> tuple[Any, Any]:
             # Epochs of steps_per_epoch that read on through the data, made whole where they can be,
             # so that an epoch begun again reads the batches it read (short_epochs.py).
-            ds = short_epochs.whole(ds, steps_per_epoch, initial_epoch)
+            ds, val_ds = datasets(whole_batches, first - initial_epoch)
+            return short_epochs.whole(ds, steps_per_epoch, initial_epoch), val_ds
+
+        while True:
+            whole = step_redo.redoes_steps(self)
+            ds, val_ds = inputs(whole)
             steps = None if isinstance(ds, short_epochs.EpochsOf) else steps_per_epoch
             redo = step_redo.attach(self, ds, val_ds, class_weight, epoch_start, resume, steps)
             if redo is None and whole:  # the steps are not redone: every pipeline is sliced as it is read
-                ds, val_ds = datasets(False, first - initial_epoch)
-                ds = short_epochs.whole(ds, steps_per_epoch, initial_epoch)
+                ds, val_ds = inputs(False)
             if not resuming and (unlike := short_epochs.why_not(x, ds, steps_per_epoch)):
                 logger.warning(unlike)
             epoch_start.inputs = ds

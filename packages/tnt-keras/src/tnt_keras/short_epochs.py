@@ -42,23 +42,6 @@ class EpochsOf(keras.utils.PyDataset):
         self.epoch = 0  # the epoch being read, counted from the fit's first (``begins``)
         self.last_index = 0  # the step fetched last, within the epoch (the step redo deals it again)
 
-    # The rank and size the slices deal for (the step redo sets them after a re-forming).
-    @property
-    def rank(self) -> int:
-        return self.slices.rank
-
-    @rank.setter
-    def rank(self, value: int) -> None:
-        self.slices.rank = value
-
-    @property
-    def size(self) -> int:
-        return self.slices.size
-
-    @size.setter
-    def size(self, value: int) -> None:
-        self.slices.size = value
-
     def __len__(self) -> int:
         return self.steps
 

@@ -42,7 +42,7 @@ import tnt_comm
 from keras.src.backend.common.stateless_scope import StatelessScope
 from keras.src.trainers.data_adapters import data_adapter_utils
 
-from . import backends, elastic, epoch_end, metrics, state, timeline
+from . import backends, elastic, epoch_end, metrics, short_epochs, state, timeline
 from . import variables as shared_variables
 from .runtime import logger
 
@@ -347,7 +347,7 @@ class StepRedo:
     def _follow(self, error: BaseException, what: str) -> None:
         """Re-forms the job after ``error`` and deals the batches to come over the ranks left."""
         elastic.reform(self.tnt_model, error, what, retrace=False)
-        for dealt in (self.ds, self.val_ds):
+        for dealt in (short_epochs.inner(self.ds), self.val_ds):
             # tnt's slices: the next batches are dealt anew (not those every rank reads whole)
             if hasattr(dealt, "last_index") and dealt.size > 1:
                 dealt.rank, dealt.size = tnt_comm.rank(), tnt_comm.size()
